@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Set up a fresh machine for Trellis: a virtualenv in .venv with the project and its test tools.
+#   bash deploy/setup.sh           runtime + test dependencies
+#   bash deploy/setup.sh --bench   also the benchmark peers (Mosquitto, libgfshare, amqtt, pycryptodome)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+want_bench=0
+for arg in "$@"; do
+  case "$arg" in
+    --bench) want_bench=1 ;;
+    *) echo "setup.sh: unknown option $arg" >&2; exit 2 ;;
+  esac
+done
+
+apt_install() {
+  # Install Debian packages only when a command or library is missing (root needed then).
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup.sh: need root to apt-get install $*" >&2; return 1
+  fi
+  if [ -z "${_apt_updated:-}" ]; then apt-get update -qq; _apt_updated=1; fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || apt_install mosquitto mosquitto-clients
+if [ "$want_bench" = 1 ]; then
+  command -v mosquitto_pub >/dev/null 2>&1 || apt_install mosquitto-clients
+  ldconfig -p | grep -q libgfshare || apt_install libgfshare2 libgfshare-bin
+fi
+
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+extras="dev"
+[ "$want_bench" = 1 ] && extras="dev,bench"
+.venv/bin/python -m pip install -q -e ".[$extras]"
+echo "setup.sh: ready (.venv, extras: $extras)"

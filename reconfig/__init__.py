@@ -1,0 +1,1 @@
+"""Trellis reconfig package."""

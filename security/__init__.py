@@ -1,0 +1,1 @@
+"""Trellis security package."""
