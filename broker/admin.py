@@ -1,0 +1,143 @@
+"""The admin endpoint of a broker: ``/metrics`` (Prometheus) and ``/healthz`` (JSON).
+
+A deliberately tiny HTTP/1.0 responder on asyncio streams: two GET routes need no web
+framework, and it shares the broker's event loop without blocking it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from broker.stats import MATCH_BUCKETS
+
+if TYPE_CHECKING:
+    from broker.server import Broker
+
+log = logging.getLogger("trellis.admin")
+
+
+class BrokerCollector:
+    """Turns the broker's plain counters into Prometheus metrics at scrape time."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def collect(self) -> Iterator[Metric]:
+        b = self.broker
+        s = b.stats
+        labels = {"broker": b.config.id}
+        names = ["broker"]
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            metric = CounterMetricFamily(name, doc, labels=names)
+            metric.add_metric([labels["broker"]], value)
+            return metric
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            metric = GaugeMetricFamily(name, doc, labels=names)
+            metric.add_metric([labels["broker"]], value)
+            return metric
+
+        inbound = CounterMetricFamily(
+            "trellis_messages_in", "Control messages received, by type", labels=["broker", "type"]
+        )
+        for kind, count in sorted(s.messages_in.items()):
+            inbound.add_metric([b.config.id, kind], count)
+        inbound.add_metric([b.config.id, "publish"], s.publications_in)
+        inbound.add_metric([b.config.id, "forward"], s.forwards_in)
+        yield inbound
+        forwarded = CounterMetricFamily(
+            "trellis_publications_forwarded",
+            "Publications sent to each neighbour broker",
+            labels=["broker", "link"],
+        )
+        for link, count in sorted(s.forwarded.items()):
+            forwarded.add_metric([b.config.id, link], count)
+        yield forwarded
+        yield counter("trellis_deliveries", "Publications delivered to local clients", s.deliveries)
+        yield counter(
+            "trellis_deliveries_dropped",
+            "Deliveries dropped because a subscriber's send buffer was full",
+            s.deliveries_dropped,
+        )
+        yield counter(
+            "trellis_protocol_errors", "Connections closed for bad input", s.protocol_errors
+        )
+        yield counter(
+            "trellis_requests_rejected", "Requests refused with an error", s.requests_rejected
+        )
+        cumulative = []
+        running = 0
+        for bound, count in zip(MATCH_BUCKETS, s.match_buckets, strict=False):
+            running += count
+            cumulative.append((repr(bound), running))
+        cumulative.append(("+Inf", s.match_count))
+        hist = HistogramMetricFamily(
+            "trellis_matching_latency_seconds", "Time to match one publication", labels=names
+        )
+        hist.add_metric([b.config.id], cumulative, s.match_sum)
+        yield hist
+        yield gauge("trellis_srt_entries", "Advertisements in the SRT", b.router.srt_size)
+        yield gauge("trellis_prt_entries", "Subscriptions in the PRT", b.router.prt_size)
+        yield gauge("trellis_connected_clients", "Connected clients", len(b.clients))
+        yield gauge("trellis_broker_links", "Overlay links up", len(b.links))
+
+
+def health(broker: Broker) -> dict[str, object]:
+    """The broker's state at a glance."""
+    return {
+        "status": "ok",
+        "id": broker.config.id,
+        "clients": len(broker.clients),
+        "links": sorted(broker.links),
+        "srt": broker.router.srt_size,
+        "prt": broker.router.prt_size,
+        "control_in": sum(broker.stats.messages_in.values()),
+        "publications_in": broker.stats.publications_in,
+        "deliveries": broker.stats.deliveries,
+    }
+
+
+async def start_admin(broker: Broker, host: str, port: int) -> asyncio.Server:
+    """Serve ``/metrics`` and ``/healthz`` for ``broker``."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BrokerCollector(broker))  # type: ignore[arg-type]
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            method, path, *_ = request.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
+            if method != "GET":
+                status, ctype, body = "405 Method Not Allowed", "text/plain", b"GET only\n"
+            elif path.startswith("/metrics"):
+                status, ctype = "200 OK", "text/plain; version=0.0.4"
+                body = generate_latest(registry)
+            elif path.startswith("/healthz"):
+                status, ctype = "200 OK", "application/json"
+                body = json.dumps(health(broker)).encode()
+            else:
+                status, ctype, body = "404 Not Found", "text/plain", b"try /metrics or /healthz\n"
+            head = f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+            writer.write(head.encode() + b"Connection: close\r\n\r\n" + body)
+            await asyncio.wait_for(writer.drain(), 5)
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
+            log.debug("admin request failed: %s", exc)
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    return await asyncio.start_server(handle, host, port)

@@ -1,0 +1,297 @@
+"""The ``trellis`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from broker.client import Client, Delivery
+from broker.errors import SlowConsumerError, TrellisError
+from broker.filters import Filter, parse_attrs
+
+log = logging.getLogger("trellis.cli")
+
+
+def setup_logging(level: str = "info") -> None:
+    """One line per event: time, level, logger, message."""
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def run_async(coro: Any) -> Any:
+    """Run a coroutine on uvloop when available."""
+    try:
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coro)
+
+
+# -- broker ---------------------------------------------------------------------------
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    from broker.config import load_config
+    from broker.server import run
+
+    overrides = {
+        "id": args.id,
+        "host": args.host,
+        "port": args.port,
+        "admin_port": args.admin_port,
+        "ready_file": args.ready_file,
+        "log_level": args.log_level,
+    }
+    config = load_config(args.config, overrides)
+    setup_logging(config.log_level)
+    run(config)
+    return 0
+
+
+# -- pub / sub --------------------------------------------------------------------------
+
+
+def delivery_json(msg: Delivery) -> str:
+    """One JSON object per delivery; payload as text when it is UTF-8, else base64."""
+    obj: dict[str, Any] = {"publisher": msg.publisher, "seq": msg.seq, "attrs": msg.attrs}
+    try:
+        obj["payload"] = msg.payload.decode("utf-8")
+    except UnicodeDecodeError:
+        obj["payload_base64"] = base64.b64encode(msg.payload).decode("ascii")
+    return json.dumps(obj, sort_keys=True)
+
+
+def advertisement_for(attrs: dict[str, Any]) -> Filter:
+    """The narrowest advertisement covering publications with exactly these attributes."""
+    return Filter.from_wire([[name, "eq", value] for name, value in attrs.items()])
+
+
+async def _pub(args: argparse.Namespace) -> int:
+    attrs = parse_attrs(args.attrs)
+    payload = args.payload.encode("utf-8")
+    interval = 1.0 / args.rate if args.rate else 0.0
+    async with Client(args.endpoint.split(","), client_id=args.client_id) as client:
+        await client.advertise(args.advertise or advertisement_for(attrs))
+        started = time.perf_counter()
+        for i in range(args.count):
+            await client.publish(attrs, payload, ack=not args.no_ack)
+            if interval:
+                await asyncio.sleep(max(0.0, started + (i + 1) * interval - time.perf_counter()))
+        await client.drain()
+        elapsed = time.perf_counter() - started
+    print(f"published {args.count} in {elapsed:.3f} s", file=sys.stderr)
+    return 0
+
+
+async def _sub(args: argparse.Namespace) -> int:
+    received = 0
+    client = Client(args.endpoint.split(","), client_id=args.client_id)
+    async with client, client.subscribe(args.filter) as sub:
+        if args.ready_file:
+            await asyncio.to_thread(Path(args.ready_file).write_text, "subscribed\n")
+        deadline = time.monotonic() + args.timeout if args.timeout else None
+        while args.count is None or received < args.count:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                break
+            try:
+                msg = await sub.get(remaining)
+            except SlowConsumerError as exc:
+                print(f"warning: {exc}", file=sys.stderr)
+                continue
+            except TrellisError:
+                break
+            received += 1
+            if args.json:
+                print(delivery_json(msg), flush=not args.quiet)
+            elif not args.quiet:
+                print(f"{msg.publisher}#{msg.seq} {msg.attrs} {msg.payload!r}", flush=True)
+    if args.count is not None and received < args.count:
+        print(f"received {received} of {args.count} before the timeout", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_pub(args: argparse.Namespace) -> int:
+    return run_async(_pub(args))
+
+
+def cmd_sub(args: argparse.Namespace) -> int:
+    return run_async(_sub(args))
+
+
+# -- local overlay ----------------------------------------------------------------------
+
+
+def tree_for(topology: str, brokers: int, seed: int) -> Any:
+    """The overlay tree named on the command line: line, star, random or a JSON file."""
+    import random
+
+    from overlay.tree import Tree, broker_names, line_tree, random_tree, star_tree
+
+    names = broker_names(brokers)
+    if topology == "line":
+        return line_tree(names)
+    if topology == "star":
+        return star_tree(names)
+    if topology == "random":
+        return random_tree(names, random.Random(seed))
+    return Tree.from_dict(json.loads(Path(topology).read_text()))
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from broker.local import start_overlay
+
+    tree = tree_for(args.topology, args.brokers, args.seed)
+    overlay = start_overlay(Path(args.dir), tree, {"covering": not args.no_covering})
+    print(json.dumps(overlay.describe(), indent=2))
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from broker.local import stop_overlay
+
+    stopped = stop_overlay(Path(args.dir))
+    print(f"stopped {len(stopped)} brokers: {' '.join(stopped)}")
+    return 0
+
+
+def cmd_topology(args: argparse.Namespace) -> int:
+    from broker.local import fetch_json, read_overlay
+
+    info = read_overlay(Path(args.dir))
+    for broker in info["brokers"]:
+        try:
+            broker["health"] = fetch_json(broker["admin"] + "/healthz")
+        except OSError as exc:
+            broker["health"] = {"status": f"unreachable: {exc}"}
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    for broker in info["brokers"]:
+        h = broker["health"]
+        print(
+            f"{broker['id']:<6} {broker['endpoint']:<21} pid {broker['pid']:<7} "
+            f"{h.get('status')}: links={','.join(h.get('links', []))} "
+            f"clients={h.get('clients', '-')} srt={h.get('srt', '-')} prt={h.get('prt', '-')}"
+        )
+    print("links: " + " ".join(f"{a}-{b}" for a, b in info["links"]))
+    return 0
+
+
+# -- demo -------------------------------------------------------------------------------
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from broker.demo import run_demo
+
+    workdir = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="trellis-demo-"))
+    return run_async(run_demo(workdir, count=args.count))
+
+
+# -- parser -----------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="trellis", description="Trellis pub/sub broker overlay")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("broker", help="run a broker daemon")
+    p.add_argument("--config", help="TOML config file")
+    p.add_argument("--id", help="broker id (overrides the config)")
+    p.add_argument("--host", help="listen address (overrides the config)")
+    p.add_argument("--port", type=int, help="listen port, 0 for a free one (overrides the config)")
+    p.add_argument("--admin-port", type=int, help="HTTP port for /metrics and /healthz")
+    p.add_argument("--ready-file", help="write host/port here once listening")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=cmd_broker)
+
+    p = sub.add_parser("pub", help="publish messages")
+    p.add_argument("--endpoint", required=True, help="HOST:PORT (comma-separated for several)")
+    p.add_argument("--attrs", required=True, help="e.g. \"class='stock',price=5\"")
+    p.add_argument("--payload", default="", help="payload text")
+    p.add_argument("--count", type=int, default=1, help="how many messages")
+    p.add_argument(
+        "--rate", type=float, default=0.0, help="messages per second (0 = as fast as possible)"
+    )
+    p.add_argument(
+        "--advertise", help="advertisement filter (default: the attributes' exact values)"
+    )
+    p.add_argument("--client-id", help="publisher identity")
+    p.add_argument("--no-ack", action="store_true", help="stream without waiting for each ack")
+    p.set_defaults(func=cmd_pub)
+
+    p = sub.add_parser("sub", help="subscribe and print deliveries")
+    p.add_argument("filter", help="e.g. \"class = 'stock' and price < 100\"")
+    p.add_argument("--endpoint", required=True, help="HOST:PORT (comma-separated for several)")
+    p.add_argument("--count", type=int, help="exit after this many deliveries")
+    p.add_argument("--timeout", type=float, help="exit after this many seconds")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument("--quiet", action="store_true", help="count only, print nothing per message")
+    p.add_argument("--client-id", help="subscriber identity")
+    p.add_argument("--ready-file", help="write a line here once the subscription is active")
+    p.set_defaults(func=cmd_sub)
+
+    p = sub.add_parser("up", help="start a local overlay of broker processes")
+    p.add_argument("--brokers", type=int, default=5, help="number of brokers")
+    p.add_argument(
+        "--topology", default="line", help="line, star, random, or a JSON file (overlay.tree)"
+    )
+    p.add_argument("--seed", type=int, default=1, help="seed for --topology random")
+    p.add_argument("--dir", required=True, help="where configs, logs and overlay.json go")
+    p.add_argument("--no-covering", action="store_true", help="disable subscription covering")
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("down", help="stop a local overlay")
+    p.add_argument("--dir", required=True)
+    p.set_defaults(func=cmd_down)
+
+    p = sub.add_parser("topology", help="show a local overlay and its brokers' state")
+    p.add_argument("--dir", required=True)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_topology)
+
+    p = sub.add_parser("demo", help="the embedded default: a local broker with live traffic")
+    p.add_argument("--dir", help="working directory for broker files (default: a temp dir)")
+    p.add_argument("--count", type=int, default=2000, help="publications to send")
+    p.set_defaults(func=cmd_demo)
+
+    with contextlib.suppress(ImportError):
+        from reconfig.mtpsto.cli import add_pst_parser
+
+        add_pst_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command != "broker":
+        setup_logging("warning")
+    try:
+        return int(args.func(args) or 0)
+    except TrellisError as exc:
+        print(f"trellis {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

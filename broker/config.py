@@ -1,0 +1,123 @@
+"""Broker configuration: one TOML file, validated strictly, overridable from the environment.
+
+Precedence (later wins): defaults < config file < ``TRELLIS_<FIELD>`` environment variables
+< command-line shortcuts. A typo in the file is an error naming the key and the file,
+never silently ignored (``extra="forbid"``).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from broker.errors import TrellisError
+from broker.protocol import DEFAULT_MAX_FRAME
+
+ENV_PREFIX = "TRELLIS_"
+
+
+class ConfigError(TrellisError):
+    """The configuration is invalid; the message names the field and the file."""
+
+    code = "config"
+
+
+class NeighbourConfig(BaseModel):
+    """An overlay neighbour: its broker id and where it listens."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(min_length=1, max_length=256)
+    endpoint: str = Field(pattern=r"^[^\s:]+:\d{1,5}$", description="HOST:PORT")
+
+
+class BrokerConfig(BaseModel):
+    """Everything a broker daemon needs to start."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field("broker-1", min_length=1, max_length=256, description="unique broker id")
+    host: str = Field("127.0.0.1", description="address to listen on for clients and brokers")
+    port: int = Field(7700, ge=0, le=65535, description="TCP port; 0 picks a free one")
+    admin_port: int | None = Field(
+        None, ge=0, le=65535, description="HTTP port for /metrics and /healthz; 0 picks one"
+    )
+    max_frame: int = Field(
+        DEFAULT_MAX_FRAME, ge=1024, le=64 * 1024 * 1024, description="largest frame accepted"
+    )
+    send_buffer_limit: int = Field(
+        4 * 1024 * 1024,
+        ge=64 * 1024,
+        description="bytes queued to one connection before deliveries to it are dropped",
+    )
+    hello_timeout: float = Field(5.0, gt=0, description="seconds a new connection has to HELLO")
+    heartbeat_interval: float = Field(
+        10.0, gt=0, description="seconds between PINGs; a peer silent for 3 intervals is closed"
+    )
+    shutdown_timeout: float = Field(
+        5.0, ge=0, description="seconds connections get to finish on SIGTERM"
+    )
+    ready_file: Path | None = Field(
+        None, description="file to write 'host:port admin_port' to once listening"
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    neighbours: tuple[NeighbourConfig, ...] = Field(
+        (), description="overlay neighbours; the broker with the smaller id dials the link"
+    )
+    covering: bool = Field(True, description="suppress forwarding of covered subscriptions")
+    link_backoff_max: float = Field(
+        2.0, gt=0, description="largest pause between attempts to (re)open a broker link"
+    )
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> BrokerConfig:
+    """Read, merge and validate a broker configuration.
+
+    Args:
+        path: a TOML file, or None for defaults only.
+        overrides: values from the command line, applied last (None values are skipped).
+        environ: the environment to read ``TRELLIS_*`` from (default ``os.environ``).
+
+    Raises:
+        ConfigError: the file is missing or unparsable, or a value is invalid.
+    """
+    source = str(path) if path else "<defaults>"
+    data: dict[str, Any] = {}
+    if path:
+        try:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"{source}: no such config file") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    if isinstance(data.get("broker"), dict):
+        data = {**{k: v for k, v in data.items() if k != "broker"}, **data["broker"]}
+    env = os.environ if environ is None else environ
+    origin = dict.fromkeys(data, source)
+    for name in BrokerConfig.model_fields:
+        key = ENV_PREFIX + name.upper()
+        if key in env:
+            data[name] = env[key]
+            origin[name] = f"environment variable {key}"
+    for name, value in (overrides or {}).items():
+        if value is not None:
+            data[name] = value
+            origin[name] = "command line"
+    try:
+        return BrokerConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "<root>"
+            where = origin.get(str(err["loc"][0]) if err["loc"] else "", source)
+            problems.append(f"{field} ({where}): {err['msg']}")
+        raise ConfigError(f"invalid broker config in {source}: " + "; ".join(problems)) from None

@@ -1,0 +1,145 @@
+"""Start and stop broker daemons as real processes.
+
+One helper serves the CLI (`trellis demo`, later `trellis up`), the tests and the
+benchmarks, so all of them exercise the same daemon a container runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from broker.errors import TrellisError
+
+
+class LaunchError(TrellisError):
+    """A broker process did not come up."""
+
+    code = "launch"
+
+
+@dataclass
+class BrokerProcess:
+    """A running broker daemon and where to reach it."""
+
+    id: str
+    host: str
+    port: int
+    pid: int
+    process: subprocess.Popen[bytes]
+    workdir: Path
+    admin_port: int = 0
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"{self.id}.log"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{self.host}:{self.admin_port}"
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM, wait for graceful shutdown, SIGKILL if it overruns; returns the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout)
+        return self.process.returncode
+
+    def kill(self) -> None:
+        """Crash the broker (no graceful shutdown), as a fault-injection test wants."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{text}"'
+
+
+def write_config(path: Path, settings: dict[str, Any]) -> Path:
+    """Write a flat broker config as TOML (and check it reads back)."""
+    lines = [
+        f"{key} = {_toml_value(value)}" for key, value in settings.items() if value is not None
+    ]
+    text = "\n".join(lines) + "\n"
+    tomllib.loads(text)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def start_broker(
+    workdir: Path,
+    broker_id: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    settings: dict[str, Any] | None = None,
+    ready_timeout: float = 20.0,
+    env: dict[str, str] | None = None,
+) -> BrokerProcess:
+    """Start ``trellis broker`` as a child process and wait until it listens."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    ready = workdir / f"{broker_id}.ready"
+    ready.unlink(missing_ok=True)
+    config = write_config(
+        workdir / f"{broker_id}.toml",
+        {"id": broker_id, "host": host, "port": port, "ready_file": str(ready), **(settings or {})},
+    )
+    log_file = (workdir / f"{broker_id}.log").open("ab")
+    cmd = [sys.executable, "-m", "broker", "broker", "--config", str(config)]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
+    log_file.close()
+    deadline = time.monotonic() + ready_timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = (workdir / f"{broker_id}.log").read_text(errors="replace")[-2000:]
+            raise LaunchError(f"broker {broker_id} exited with {proc.returncode}:\n{tail}")
+        if ready.exists():
+            info = dict(item.split("=", 1) for item in ready.read_text().split())
+            return BrokerProcess(
+                broker_id,
+                host,
+                int(info["port"]),
+                proc.pid,
+                proc,
+                workdir,
+                int(info.get("admin_port", 0)),
+            )
+        time.sleep(0.02)
+    proc.kill()
+    proc.wait()
+    raise LaunchError(f"broker {broker_id} did not become ready within {ready_timeout:g} s")

@@ -1,0 +1,197 @@
+"""A local overlay of broker processes on loopback: `trellis up`, `down`, `topology`.
+
+Ports are reserved up front (bind to port 0, note the port, release) so every broker's
+config can name its neighbours' endpoints before any of them starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from broker.errors import TrellisError
+from broker.launcher import BrokerProcess, start_broker
+from overlay.tree import Tree
+
+OVERLAY_FILE = "overlay.json"
+
+
+class OverlayError(TrellisError):
+    """A local overlay could not be started, found or stopped."""
+
+    code = "overlay"
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports that were free a moment ago."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind((host, 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def fetch_json(url: str, timeout: float = 2.0) -> Any:
+    """GET a JSON document (admin endpoints are local, so a short timeout suffices)."""
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def fetch_text(url: str, timeout: float = 2.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.read().decode()
+
+
+@dataclass
+class LocalOverlay:
+    """Broker processes started from one tree, and where they listen."""
+
+    workdir: Path
+    tree: Tree
+    brokers: dict[str, BrokerProcess] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    # Neighbours a broker accepts beyond its tree links (tests of refused links use this).
+    extra_neighbours: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+
+    def endpoint(self, broker_id: str) -> str:
+        return f"127.0.0.1:{self.ports[broker_id]}"
+
+    def config_for(self, broker_id: str) -> dict[str, Any]:
+        neighbours = [
+            {"id": n, "endpoint": self.endpoint(n)} for n in sorted(self.tree.neighbours(broker_id))
+        ]
+        neighbours += self.extra_neighbours.get(broker_id, [])
+        return {"admin_port": 0, **self.settings, "neighbours": neighbours}
+
+    def start(self, broker_id: str) -> BrokerProcess:
+        """Start (or restart, on the same port) one broker of the overlay."""
+        proc = start_broker(
+            self.workdir, broker_id, port=self.ports[broker_id], settings=self.config_for(broker_id)
+        )
+        self.brokers[broker_id] = proc
+        self.save()
+        return proc
+
+    def linked(self) -> bool:
+        """Whether every broker reports exactly its tree neighbours as live links."""
+        for broker_id, proc in self.brokers.items():
+            try:
+                health = fetch_json(proc.admin_url + "/healthz")
+            except OSError:
+                return False
+            if set(health["links"]) != set(self.tree.neighbours(broker_id)):
+                return False
+        return True
+
+    def wait_linked(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.linked():
+            if time.monotonic() > deadline:
+                raise OverlayError(f"overlay links not all up within {timeout:g} s")
+            time.sleep(0.05)
+
+    def wait_quiet(self, timeout: float = 20.0, settle: float = 0.3) -> dict[str, Any]:
+        """Wait until routing state stops changing everywhere (no control traffic for
+        ``settle`` seconds); returns the final health of every broker."""
+        deadline = time.monotonic() + timeout
+        last = self.health()
+        while time.monotonic() < deadline:
+            time.sleep(settle)
+            now = self.health()
+            if now == last:
+                return now
+            last = now
+        raise OverlayError(f"routing state still changing after {timeout:g} s")
+
+    def health(self) -> dict[str, Any]:
+        return {b: fetch_json(p.admin_url + "/healthz") for b, p in self.brokers.items()}
+
+    def metrics(self, broker_id: str) -> str:
+        return fetch_text(self.brokers[broker_id].admin_url + "/metrics")
+
+    def stop(self) -> None:
+        for proc in self.brokers.values():
+            proc.stop()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "brokers": [
+                {
+                    "id": b,
+                    "endpoint": self.endpoint(b),
+                    "admin": p.admin_url,
+                    "pid": p.pid,
+                }
+                for b, p in sorted(self.brokers.items())
+            ],
+            "links": [sorted(link) for link in sorted(self.tree.links)],
+        }
+
+    def save(self) -> None:
+        path = self.workdir / OVERLAY_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.describe(), indent=2) + "\n")
+        tmp.replace(path)
+
+
+def start_overlay(
+    workdir: Path, tree: Tree, settings: dict[str, Any] | None = None, wait: bool = True
+) -> LocalOverlay:
+    """Start one broker process per tree node, linked as the tree says."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    names = sorted(tree.brokers)
+    overlay = LocalOverlay(workdir, tree, settings=dict(settings or {}))
+    overlay.ports = dict(zip(names, free_ports(len(names)), strict=True))
+    try:
+        for name in names:
+            overlay.start(name)
+        if wait:
+            overlay.wait_linked()
+    except BaseException:
+        overlay.stop()
+        raise
+    return overlay
+
+
+def read_overlay(workdir: Path) -> dict[str, Any]:
+    path = workdir / OVERLAY_FILE
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise OverlayError(f"no overlay in {workdir} (missing {OVERLAY_FILE})") from None
+
+
+def stop_overlay(workdir: Path, timeout: float = 10.0) -> list[str]:
+    """SIGTERM every broker listed in ``workdir``; returns the ids that were running."""
+    info = read_overlay(workdir)
+    stopped = []
+    for broker in info["brokers"]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(broker["pid"], signal.SIGTERM)
+            stopped.append(broker["id"])
+    deadline = time.monotonic() + timeout
+    for broker in info["brokers"]:
+        while time.monotonic() < deadline:
+            try:
+                os.kill(broker["pid"], 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(broker["pid"], signal.SIGKILL)
+    return stopped

@@ -1,0 +1,572 @@
+"""The Trellis wire protocol, sans-I/O: bytes in, validated messages out, and back.
+
+A frame is a 4-byte big-endian length followed by a msgpack array whose first element is
+the message type. Keeping the codec free of sockets lets the broker, the SDK and the
+fuzz/property tests share one implementation. Every decoded frame is validated here, so
+the layers above only ever see well-typed messages; anything else raises
+``ProtocolError``/``InvalidRequest`` with a reason precise enough to put in an ERROR frame.
+
+Layouts (``rid`` is a request id the broker echoes in ACK/ERROR; 0 asks for no ACK)::
+
+    HELLO        [1, version, role, id, options]
+    WELCOME      [2, version, broker_id, options]
+    ADVERTISE    [3, rid, adv_id, filter]
+    UNADVERTISE  [4, rid, adv_id]
+    SUBSCRIBE    [5, rid, sub_id, filter]
+    UNSUBSCRIBE  [6, rid, sub_id]
+    PUBLISH      [7, rid, seq, attrs, payload]
+    DELIVER      [8, [sub_id, ...], publisher, seq, attrs, payload]
+    ACK          [9, rid]
+    ERROR        [10, rid, code, message]
+    PING         [11, token]
+    PONG         [12, token]
+    NOTICE       [13, kind, data]
+    FORWARD      [14, publisher, seq, attrs, payload]        (broker to broker)
+    LINKSTATE    [15, broker_id, version, [neighbour, ...]]  (broker to broker)
+
+Between brokers, ADVERTISE/UNADVERTISE/SUBSCRIBE/UNSUBSCRIBE travel with rid 0 and
+overlay-wide keys (``origin-broker/client/id``) in place of the client's ids.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
+from typing import Any
+
+import msgpack
+
+from broker.errors import FilterError, InvalidRequest, PayloadTooLarge, ProtocolError
+from broker.filters import Filter, Value
+
+PROTOCOL_VERSION = 1
+DEFAULT_MAX_FRAME = 1024 * 1024
+MAX_ID_LENGTH = 256
+MAX_ATTRS = 128
+MAX_ATTR_NAME = 256
+MAX_STRING_VALUE = 64 * 1024
+
+_LENGTH = struct.Struct(">I")
+HEADER_SIZE = _LENGTH.size
+
+
+class MsgType(IntEnum):
+    HELLO = 1
+    WELCOME = 2
+    ADVERTISE = 3
+    UNADVERTISE = 4
+    SUBSCRIBE = 5
+    UNSUBSCRIBE = 6
+    PUBLISH = 7
+    DELIVER = 8
+    ACK = 9
+    ERROR = 10
+    PING = 11
+    PONG = 12
+    NOTICE = 13
+    FORWARD = 14
+    LINKSTATE = 15
+
+
+class Role(StrEnum):
+    CLIENT = "client"
+    BROKER = "broker"
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    version: int
+    role: Role
+    id: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    version: int
+    broker_id: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Advertise:
+    rid: int
+    adv_id: str
+    filter: Filter
+
+
+@dataclass(frozen=True, slots=True)
+class Unadvertise:
+    rid: int
+    adv_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    rid: int
+    sub_id: str
+    filter: Filter
+
+
+@dataclass(frozen=True, slots=True)
+class Unsubscribe:
+    rid: int
+    sub_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    rid: int
+    seq: int
+    attrs: dict[str, Value]
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    sub_ids: list[str]
+    publisher: str
+    seq: int
+    attrs: dict[str, Value]
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    rid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    rid: int
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    kind: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    publisher: str
+    seq: int
+    attrs: dict[str, Value]
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class LinkState:
+    broker_id: str
+    version: int
+    neighbours: list[str]
+
+
+Message = (
+    Hello
+    | Welcome
+    | Advertise
+    | Unadvertise
+    | Subscribe
+    | Unsubscribe
+    | Publish
+    | Deliver
+    | Ack
+    | Error
+    | Ping
+    | Pong
+    | Notice
+    | Forward
+    | LinkState
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Encoding
+
+
+def frame(body: bytes) -> bytes:
+    """Prefix an already-packed msgpack body with its length."""
+    return _LENGTH.pack(len(body)) + body
+
+
+_packb = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
+
+def encode(msg: Message) -> bytes:
+    """Encode one message as a complete frame."""
+    return frame(_packb(to_wire(msg)))
+
+
+def to_wire(msg: Message) -> list[Any]:
+    """The msgpack-ready array for ``msg``."""
+    match msg:
+        case Publish(rid, seq, attrs, payload):
+            return [MsgType.PUBLISH, rid, seq, attrs, payload]
+        case Deliver(sub_ids, publisher, seq, attrs, payload):
+            return [MsgType.DELIVER, sub_ids, publisher, seq, attrs, payload]
+        case Ack(rid):
+            return [MsgType.ACK, rid]
+        case Hello(version, role, ident, options):
+            return [MsgType.HELLO, version, str(role), ident, options]
+        case Welcome(version, broker_id, options):
+            return [MsgType.WELCOME, version, broker_id, options]
+        case Advertise(rid, adv_id, flt):
+            return [MsgType.ADVERTISE, rid, adv_id, flt.to_wire()]
+        case Unadvertise(rid, adv_id):
+            return [MsgType.UNADVERTISE, rid, adv_id]
+        case Subscribe(rid, sub_id, flt):
+            return [MsgType.SUBSCRIBE, rid, sub_id, flt.to_wire()]
+        case Unsubscribe(rid, sub_id):
+            return [MsgType.UNSUBSCRIBE, rid, sub_id]
+        case Error(rid, code, message):
+            return [MsgType.ERROR, rid, code, message]
+        case Ping(token):
+            return [MsgType.PING, token]
+        case Pong(token):
+            return [MsgType.PONG, token]
+        case Notice(kind, data):
+            return [MsgType.NOTICE, kind, data]
+        case Forward(publisher, seq, attrs, payload):
+            return [MsgType.FORWARD, publisher, seq, attrs, payload]
+        case LinkState(broker_id, version, neighbours):
+            return [MsgType.LINKSTATE, broker_id, version, neighbours]
+    raise TypeError(f"not a protocol message: {msg!r}")
+
+
+def encode_forward(publisher: str, seq: int, attrs: Any, payload: bytes) -> bytes:
+    """Fast path for publications travelling between brokers."""
+    return frame(_packb([MsgType.FORWARD, publisher, seq, attrs, payload]))
+
+
+def encode_deliver(
+    sub_ids: list[str], publisher: str, seq: int, attrs: Any, payload: bytes
+) -> bytes:
+    """Fast path for the broker's hottest frame (skips building a ``Deliver`` object)."""
+    return frame(_packb([MsgType.DELIVER, sub_ids, publisher, seq, attrs, payload]))
+
+
+# ---------------------------------------------------------------------------------------
+# Decoding
+
+
+class FrameDecoder:
+    """Incremental frame splitter and validator.
+
+    Feed it whatever the transport delivered; iterate the complete, validated messages.
+    A frame over ``max_frame`` is rejected from its header alone, before buffering it.
+    """
+
+    __slots__ = ("_buf", "max_frame")
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        self._buf = bytearray()
+        self.max_frame = max_frame
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet part of a complete frame."""
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> Iterator[Message]:
+        """Append ``data`` and yield every message now complete.
+
+        Raises:
+            PayloadTooLarge: a frame header announces more than ``max_frame`` bytes.
+            ProtocolError: a frame is not a valid message.
+            InvalidRequest: a message is well-formed but a field is invalid.
+        """
+        buf = self._buf
+        buf += data
+        offset = 0
+        end = len(buf)
+        try:
+            while end - offset >= HEADER_SIZE:
+                (length,) = _LENGTH.unpack_from(buf, offset)
+                if length > self.max_frame:
+                    raise PayloadTooLarge(
+                        f"frame of {length} bytes exceeds the limit of {self.max_frame} bytes",
+                        size=length,
+                        limit=self.max_frame,
+                    )
+                if end - offset - HEADER_SIZE < length:
+                    break
+                start = offset + HEADER_SIZE
+                offset = start + length
+                yield decode_body(bytes(buf[start:offset]))
+        finally:
+            del buf[:offset]
+
+    def check_eof(self) -> None:
+        """Raise if the stream ended in the middle of a frame."""
+        if not self._buf:
+            return
+        if len(self._buf) < HEADER_SIZE:
+            raise ProtocolError(
+                f"truncated frame: stream ended after {len(self._buf)} of "
+                f"{HEADER_SIZE} header bytes"
+            )
+        (length,) = _LENGTH.unpack_from(self._buf, 0)
+        got = len(self._buf) - HEADER_SIZE
+        raise ProtocolError(f"truncated frame: stream ended after {got} of {length} body bytes")
+
+
+def decode_body(body: bytes) -> Message:
+    """Decode and validate one frame body."""
+    try:
+        raw = msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=False)
+    except Exception as exc:
+        raise ProtocolError(f"malformed frame: not valid msgpack ({exc})") from None
+    return validate(raw)
+
+
+def validate(raw: object) -> Message:
+    """Turn a decoded msgpack value into a typed message, or say precisely what is wrong."""
+    if not isinstance(raw, list) or not raw:
+        raise ProtocolError(f"malformed frame: expected a non-empty array, got {_kind(raw)}")
+    tag = raw[0]
+    if type(tag) is not int:
+        raise ProtocolError(f"malformed frame: message type must be an integer, got {_kind(tag)}")
+    try:
+        mtype = MsgType(tag)
+    except ValueError:
+        raise ProtocolError(f"unknown message type {tag}") from None
+    spec = _LAYOUTS[mtype]
+    if len(raw) != len(spec) + 1:
+        names = ", ".join(spec)
+        raise ProtocolError(f"{mtype.name} takes {len(spec)} fields ({names}), got {len(raw) - 1}")
+    return _BUILDERS[mtype](mtype.name, raw)
+
+
+_LAYOUTS: dict[MsgType, tuple[str, ...]] = {
+    MsgType.HELLO: ("version", "role", "id", "options"),
+    MsgType.WELCOME: ("version", "broker_id", "options"),
+    MsgType.ADVERTISE: ("rid", "adv_id", "filter"),
+    MsgType.UNADVERTISE: ("rid", "adv_id"),
+    MsgType.SUBSCRIBE: ("rid", "sub_id", "filter"),
+    MsgType.UNSUBSCRIBE: ("rid", "sub_id"),
+    MsgType.PUBLISH: ("rid", "seq", "attrs", "payload"),
+    MsgType.DELIVER: ("sub_ids", "publisher", "seq", "attrs", "payload"),
+    MsgType.ACK: ("rid",),
+    MsgType.ERROR: ("rid", "code", "message"),
+    MsgType.PING: ("token",),
+    MsgType.PONG: ("token",),
+    MsgType.NOTICE: ("kind", "data"),
+    MsgType.FORWARD: ("publisher", "seq", "attrs", "payload"),
+    MsgType.LINKSTATE: ("broker_id", "version", "neighbours"),
+}
+
+
+def _kind(value: object) -> str:
+    return type(value).__name__
+
+
+def _uint(name: str, field_name: str, value: object) -> int:
+    if type(value) is not int or value < 0 or value >= 2**63:
+        raise InvalidRequest(
+            f"{name} field '{field_name}' must be an unsigned integer, got {value!r}"
+        )
+    return value
+
+
+def _ident(name: str, field_name: str, value: object) -> str:
+    if type(value) is not str or not value or len(value) > MAX_ID_LENGTH:
+        raise InvalidRequest(
+            f"{name} field '{field_name}' must be a non-empty string of at most "
+            f"{MAX_ID_LENGTH} characters, got {_short(value)}"
+        )
+    return value
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _options(name: str, value: object) -> dict[str, Any]:
+    if not isinstance(value, dict) or not all(type(k) is str for k in value):
+        raise InvalidRequest(f"{name} field 'options' must be a map with string keys")
+    return value
+
+
+def validate_attrs(name: str, value: object) -> dict[str, Value]:
+    """Check a publication's attribute map: string names, scalar typed values, sane sizes."""
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"{name} field 'attrs' must be a map, got {_kind(value)}")
+    if len(value) > MAX_ATTRS:
+        raise InvalidRequest(f"{name} has {len(value)} attributes; the limit is {MAX_ATTRS}")
+    for key, item in value.items():
+        if type(key) is not str or not key or len(key) > MAX_ATTR_NAME:
+            raise InvalidRequest(f"{name} attribute name {_short(key)} must be a non-empty string")
+        kind = type(item)
+        if kind is str:
+            if len(item) > MAX_STRING_VALUE:
+                raise InvalidRequest(f"{name} attribute '{key}' is longer than {MAX_STRING_VALUE}")
+        elif kind not in (int, float, bool):
+            raise InvalidRequest(
+                f"{name} attribute '{key}' must be str, int, float or bool, got {_kind(item)}"
+            )
+    return value
+
+
+def _filter(name: str, value: object) -> Filter:
+    try:
+        return Filter.from_wire(value)
+    except FilterError as exc:
+        raise type(exc)(f"{name} field 'filter': {exc.message}") from None
+
+
+def _payload(name: str, value: object) -> bytes:
+    if type(value) is not bytes:
+        raise InvalidRequest(f"{name} field 'payload' must be binary, got {_kind(value)}")
+    return value
+
+
+def _build_hello(name: str, raw: list[Any]) -> Hello:
+    version = _uint(name, "version", raw[1])
+    try:
+        role = Role(raw[2])
+    except ValueError:
+        raise InvalidRequest(
+            f"{name} field 'role' must be 'client' or 'broker', got {_short(raw[2])}"
+        ) from None
+    return Hello(version, role, _ident(name, "id", raw[3]), _options(name, raw[4]))
+
+
+def _build_welcome(name: str, raw: list[Any]) -> Welcome:
+    return Welcome(
+        _uint(name, "version", raw[1]), _ident(name, "broker_id", raw[2]), _options(name, raw[3])
+    )
+
+
+def _build_advertise(name: str, raw: list[Any]) -> Advertise:
+    return Advertise(
+        _uint(name, "rid", raw[1]), _ident(name, "adv_id", raw[2]), _filter(name, raw[3])
+    )
+
+
+def _build_unadvertise(name: str, raw: list[Any]) -> Unadvertise:
+    return Unadvertise(_uint(name, "rid", raw[1]), _ident(name, "adv_id", raw[2]))
+
+
+def _build_subscribe(name: str, raw: list[Any]) -> Subscribe:
+    return Subscribe(
+        _uint(name, "rid", raw[1]), _ident(name, "sub_id", raw[2]), _filter(name, raw[3])
+    )
+
+
+def _build_unsubscribe(name: str, raw: list[Any]) -> Unsubscribe:
+    return Unsubscribe(_uint(name, "rid", raw[1]), _ident(name, "sub_id", raw[2]))
+
+
+def _build_publish(name: str, raw: list[Any]) -> Publish:
+    return Publish(
+        _uint(name, "rid", raw[1]),
+        _uint(name, "seq", raw[2]),
+        validate_attrs(name, raw[3]),
+        _payload(name, raw[4]),
+    )
+
+
+def _build_deliver(name: str, raw: list[Any]) -> Deliver:
+    sub_ids = raw[1]
+    if not isinstance(sub_ids, list) or not sub_ids:
+        raise InvalidRequest(f"{name} field 'sub_ids' must be a non-empty array")
+    for sid in sub_ids:
+        _ident(name, "sub_ids", sid)
+    return Deliver(
+        sub_ids,
+        _ident(name, "publisher", raw[2]),
+        _uint(name, "seq", raw[3]),
+        validate_attrs(name, raw[4]),
+        _payload(name, raw[5]),
+    )
+
+
+def _build_ack(name: str, raw: list[Any]) -> Ack:
+    return Ack(_uint(name, "rid", raw[1]))
+
+
+def _build_error(name: str, raw: list[Any]) -> Error:
+    code, message = raw[2], raw[3]
+    if type(code) is not str or type(message) is not str:
+        raise InvalidRequest(f"{name} fields 'code' and 'message' must be strings")
+    return Error(_uint(name, "rid", raw[1]), code, message)
+
+
+def _build_ping(name: str, raw: list[Any]) -> Ping:
+    return Ping(_uint(name, "token", raw[1]))
+
+
+def _build_pong(name: str, raw: list[Any]) -> Pong:
+    return Pong(_uint(name, "token", raw[1]))
+
+
+def _build_notice(name: str, raw: list[Any]) -> Notice:
+    kind = raw[1]
+    if type(kind) is not str:
+        raise InvalidRequest(f"{name} field 'kind' must be a string")
+    data = raw[2]
+    if not isinstance(data, dict):
+        raise InvalidRequest(f"{name} field 'data' must be a map")
+    return Notice(kind, data)
+
+
+def _build_forward(name: str, raw: list[Any]) -> Forward:
+    return Forward(
+        _ident(name, "publisher", raw[1]),
+        _uint(name, "seq", raw[2]),
+        validate_attrs(name, raw[3]),
+        _payload(name, raw[4]),
+    )
+
+
+def _build_linkstate(name: str, raw: list[Any]) -> LinkState:
+    neighbours = raw[3]
+    if not isinstance(neighbours, list):
+        raise InvalidRequest(f"{name} field 'neighbours' must be an array")
+    return LinkState(
+        _ident(name, "broker_id", raw[1]),
+        _uint(name, "version", raw[2]),
+        [_ident(name, "neighbours", n) for n in neighbours],
+    )
+
+
+_BUILDERS = {
+    MsgType.HELLO: _build_hello,
+    MsgType.WELCOME: _build_welcome,
+    MsgType.ADVERTISE: _build_advertise,
+    MsgType.UNADVERTISE: _build_unadvertise,
+    MsgType.SUBSCRIBE: _build_subscribe,
+    MsgType.UNSUBSCRIBE: _build_unsubscribe,
+    MsgType.PUBLISH: _build_publish,
+    MsgType.DELIVER: _build_deliver,
+    MsgType.ACK: _build_ack,
+    MsgType.ERROR: _build_error,
+    MsgType.PING: _build_ping,
+    MsgType.PONG: _build_pong,
+    MsgType.NOTICE: _build_notice,
+    MsgType.FORWARD: _build_forward,
+    MsgType.LINKSTATE: _build_linkstate,
+}
+
+
+def error_for(exc: Exception, rid: int = 0) -> Error:
+    """The ERROR message that reports ``exc`` to the peer."""
+    code = getattr(exc, "code", "internal")
+    message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    return Error(rid, code, message)

@@ -1,0 +1,255 @@
+"""Advertisement-based content routing of one broker, sans-I/O (SPEC §2).
+
+The subscription routing table (SRT) holds ``[advertisement, last hop]``; the publication
+routing table (PRT) holds ``[subscription, last hop]``. A *hop* is whatever object the
+server uses for a connection (a local client or a neighbour broker); the router only asks
+``hop.is_broker`` and ``hop.peer_id``. Every state change returns the control messages to
+send as ``(hop, message)`` pairs, so the whole routing logic is tested without sockets.
+
+Rules:
+
+* advertisements flood the tree;
+* a subscription goes only toward the last hops of advertisements it intersects, and not
+  on a link where a subscription already forwarded covers it; forwarding a subscription
+  retracts the ones it strictly covers on that link, and removing a coverer re-forwards
+  what it had been hiding;
+* a publication goes only toward last hops of subscriptions it matches, never back;
+* losing a neighbour withdraws everything learned through it, as if it had unadvertised
+  and unsubscribed; a returning neighbour is resynchronised from scratch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from broker.filters import Filter, Value
+from broker.matching import MatchIndex
+from broker.protocol import Advertise, Message, Subscribe, Unadvertise, Unsubscribe
+
+
+class HopLike(Hashable, Protocol):
+    is_broker: bool
+    peer_id: str | None
+
+
+H = TypeVar("H", bound=HopLike)
+Actions = list[tuple[H, Message]]
+
+
+@dataclass(slots=True)
+class HopState:
+    """What one hop has advertised and subscribed, by the keys the hop used."""
+
+    advertisements: dict[str, Filter] = field(default_factory=dict)
+    subscriptions: dict[str, Filter] = field(default_factory=dict)
+    # Subscriptions (by global key) this broker has forwarded to the hop.
+    forwarded: dict[str, Filter] = field(default_factory=dict)
+
+
+class Router(Generic[H]):
+    """SRT, PRT and per-link forwarding state of one broker."""
+
+    def __init__(self, broker_id: str, covering: bool = True) -> None:
+        self.broker_id = broker_id
+        self.covering = covering
+        self._prt: MatchIndex[tuple[H, str]] = MatchIndex()
+        self._hops: dict[H, HopState] = {}
+        self._neighbours: list[H] = []
+
+    # -- naming ---------------------------------------------------------------------------
+
+    def global_key(self, hop: H, key: str) -> str:
+        """Overlay-wide name of an advertisement or subscription made by a local client."""
+        return key if hop.is_broker else f"{self.broker_id}/{hop.peer_id}/{key}"
+
+    def _state(self, hop: H) -> HopState:
+        state = self._hops.get(hop)
+        if state is None:
+            state = self._hops[hop] = HopState()
+        return state
+
+    # -- neighbours -----------------------------------------------------------------------
+
+    @property
+    def neighbours(self) -> list[H]:
+        return list(self._neighbours)
+
+    def add_neighbour(self, hop: H) -> Actions[H]:
+        """A link came up: tell the neighbour every advertisement we know of."""
+        if hop in self._neighbours:
+            return []
+        self._neighbours.append(hop)
+        self._state(hop)
+        actions: Actions[H] = []
+        for src, state in self._hops.items():
+            if src is not hop:
+                for key, flt in state.advertisements.items():
+                    actions.append((hop, Advertise(0, self.global_key(src, key), flt)))
+        return actions
+
+    def remove_hop(self, hop: H) -> Actions[H]:
+        """A client left or a link went down: withdraw everything learned through it."""
+        state = self._hops.get(hop)
+        if hop in self._neighbours:
+            self._neighbours.remove(hop)
+        if state is None:
+            return []
+        actions: Actions[H] = []
+        for key in list(state.subscriptions):
+            actions += self.unsubscribe(hop, key)
+        for key in list(state.advertisements):
+            actions += self.unadvertise(hop, key)
+        del self._hops[hop]
+        return actions
+
+    # -- advertisements (SRT) -------------------------------------------------------------
+
+    def advertise(self, hop: H, key: str, flt: Filter) -> Actions[H]:
+        """Record an advertisement, flood it, and pull subscriptions toward it."""
+        state = self._state(hop)
+        actions: Actions[H] = []
+        if key in state.advertisements:
+            actions += self.unadvertise(hop, key)
+        state.advertisements[key] = flt
+        gkey = self.global_key(hop, key)
+        for n in self._neighbours:
+            if n is not hop:
+                actions.append((n, Advertise(0, gkey, flt)))
+        if hop.is_broker:
+            actions += self._forward_pending(hop)
+        return actions
+
+    def unadvertise(self, hop: H, key: str) -> Actions[H]:
+        """Remove an advertisement and flood the removal; [] when it was unknown."""
+        state = self._hops.get(hop)
+        if state is None or state.advertisements.pop(key, None) is None:
+            return []
+        gkey = self.global_key(hop, key)
+        actions: Actions[H] = [(n, Unadvertise(0, gkey)) for n in self._neighbours if n is not hop]
+        if hop.is_broker:
+            actions += self._retract_unneeded(hop)
+        return actions
+
+    def knows_advertisement(self, hop: H, key: str) -> bool:
+        state = self._hops.get(hop)
+        return state is not None and key in state.advertisements
+
+    def is_advertised(self, hop: H, attrs: Mapping[str, Value]) -> bool:
+        """Whether a publication from ``hop`` falls inside one of its advertisements."""
+        state = self._hops.get(hop)
+        if state is None:
+            return False
+        return any(adv.matches(attrs) for adv in state.advertisements.values())
+
+    # -- subscriptions (PRT) --------------------------------------------------------------
+
+    def subscribe(self, hop: H, key: str, flt: Filter) -> Actions[H]:
+        """Record a subscription and forward it toward intersecting advertisements."""
+        state = self._state(hop)
+        actions: Actions[H] = []
+        if key in state.subscriptions:
+            actions += self.unsubscribe(hop, key)
+        state.subscriptions[key] = flt
+        self._prt.add((hop, key), flt)
+        gkey = self.global_key(hop, key)
+        for n in self._neighbours:
+            if n is not hop and self._wanted_by(n, flt):
+                actions += self._forward(n, gkey, flt)
+        return actions
+
+    def unsubscribe(self, hop: H, key: str) -> Actions[H]:
+        """Remove a subscription, withdraw it where forwarded, re-forward what it covered."""
+        state = self._hops.get(hop)
+        if state is None or state.subscriptions.pop(key, None) is None:
+            return []
+        self._prt.remove((hop, key))
+        gkey = self.global_key(hop, key)
+        actions: Actions[H] = []
+        for n in self._neighbours:
+            if n is not hop and self._hops[n].forwarded.pop(gkey, None) is not None:
+                actions.append((n, Unsubscribe(0, gkey)))
+                actions += self._forward_pending(n)
+        return actions
+
+    def knows_subscription(self, hop: H, key: str) -> bool:
+        state = self._hops.get(hop)
+        return state is not None and key in state.subscriptions
+
+    # -- forwarding decisions -------------------------------------------------------------
+
+    def _wanted_by(self, n: H, flt: Filter) -> bool:
+        """Whether neighbour ``n`` has advertised anything ``flt`` could match."""
+        return any(adv.intersects(flt) for adv in self._hops[n].advertisements.values())
+
+    def _forward(self, n: H, gkey: str, flt: Filter) -> Actions[H]:
+        forwarded = self._hops[n].forwarded
+        if gkey in forwarded:
+            return []
+        if self.covering and any(f.covers(flt) for f in forwarded.values()):
+            return []
+        actions: Actions[H] = [(n, Subscribe(0, gkey, flt))]
+        if self.covering:
+            for other, g in list(forwarded.items()):
+                if flt.covers(g) and not g.covers(flt):
+                    del forwarded[other]
+                    actions.append((n, Unsubscribe(0, other)))
+        forwarded[gkey] = flt
+        return actions
+
+    def _subscriptions_not_from(self, n: H) -> Iterator[tuple[str, Filter]]:
+        for hop, state in self._hops.items():
+            if hop is not n:
+                for key, flt in state.subscriptions.items():
+                    yield self.global_key(hop, key), flt
+
+    def _forward_pending(self, n: H) -> Actions[H]:
+        """Forward to ``n`` every subscription it now needs and has not got (nor a coverer)."""
+        if n not in self._neighbours:
+            return []
+        actions: Actions[H] = []
+        # Coverers first, so the subscriptions they cover need not travel at all.
+        candidates = [(g, f) for g, f in self._subscriptions_not_from(n) if self._wanted_by(n, f)]
+        candidates.sort(key=lambda item: len(item[1].predicates))
+        for gkey, flt in candidates:
+            actions += self._forward(n, gkey, flt)
+        return actions
+
+    def _retract_unneeded(self, n: H) -> Actions[H]:
+        """Withdraw subscriptions from ``n`` that no longer meet any of its advertisements."""
+        forwarded = self._hops[n].forwarded
+        actions: Actions[H] = []
+        for gkey, flt in list(forwarded.items()):
+            if not self._wanted_by(n, flt):
+                del forwarded[gkey]
+                actions.append((n, Unsubscribe(0, gkey)))
+        return actions
+
+    # -- publications ---------------------------------------------------------------------
+
+    def route(self, attrs: Mapping[str, Value], source: H) -> dict[H, list[str]]:
+        """Hops a publication goes to, with their matching subscription keys; never back."""
+        targets: dict[H, list[str]] = {}
+        for hop, key in self._prt.match(attrs):
+            if hop is source and hop.is_broker:
+                continue
+            keys = targets.get(hop)
+            if keys is None:
+                targets[hop] = [key]
+            else:
+                keys.append(key)
+        return targets
+
+    # -- introspection --------------------------------------------------------------------
+
+    @property
+    def prt_size(self) -> int:
+        return len(self._prt)
+
+    @property
+    def srt_size(self) -> int:
+        return sum(len(s.advertisements) for s in self._hops.values())
+
+    def forwarded_to(self, n: H) -> dict[str, Filter]:
+        return dict(self._hops[n].forwarded) if n in self._hops else {}

@@ -1,0 +1,57 @@
+"""Broker counters kept as plain integers on the hot path.
+
+Prometheus client objects take a lock per increment; the broker instead bumps plain
+attributes and a custom collector turns them into metrics only when ``/metrics`` is scraped.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass, field
+
+MATCH_BUCKETS: tuple[float, ...] = (
+    1e-6,
+    2.5e-6,
+    5e-6,
+    1e-5,
+    2.5e-5,
+    5e-5,
+    1e-4,
+    2.5e-4,
+    5e-4,
+    1e-3,
+    2.5e-3,
+    1e-2,
+)
+
+
+@dataclass(slots=True)
+class BrokerStats:
+    """Everything the broker counts."""
+
+    connections_opened: int = 0
+    protocol_errors: int = 0
+    requests_rejected: int = 0
+    publications_in: int = 0
+    deliveries: int = 0
+    deliveries_dropped: int = 0
+    congestion_events: int = 0
+    forwards_in: int = 0
+    forwarded: dict[str, int] = field(default_factory=dict)
+    messages_in: dict[str, int] = field(default_factory=dict)
+    match_buckets: list[int] = field(default_factory=lambda: [0] * (len(MATCH_BUCKETS) + 1))
+    match_sum: float = 0.0
+    match_count: int = 0
+
+    def count_in(self, kind: str) -> None:
+        self.messages_in[kind] = self.messages_in.get(kind, 0) + 1
+
+    def count_forward(self, link: str | None) -> None:
+        key = link or "?"
+        self.forwarded[key] = self.forwarded.get(key, 0) + 1
+
+    def observe_match(self, seconds: float) -> None:
+        """Record one matching latency in the histogram."""
+        self.match_buckets[bisect_left(MATCH_BUCKETS, seconds)] += 1
+        self.match_sum += seconds
+        self.match_count += 1

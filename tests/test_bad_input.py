@@ -1,0 +1,208 @@
+"""Malformed, oversized and out-of-order input: a precise ERROR, one connection closed,
+everyone else served throughout."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import AsyncIterator
+
+import pytest
+
+from broker.client import Client, Subscription
+from broker.errors import FilterSyntaxError, InvalidRequest, PayloadTooLarge
+from broker.launcher import BrokerProcess
+from broker.protocol import PROTOCOL_VERSION, Error, MsgType
+from tests.wire import RawPeer
+
+
+class Witness:
+    """A publisher and a subscriber connected for the whole test; checks nothing is lost."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.pub = Client(endpoint, client_id="witness-pub")
+        self.sub_client = Client(endpoint, client_id="witness-sub")
+        self.sub: Subscription | None = None
+        self.sent = 0
+
+    async def start(self) -> None:
+        await self.pub.connect()
+        await self.sub_client.connect()
+        self.sub = self.sub_client.subscribe("class = 'witness'")
+        await self.sub.__aenter__()
+        await self.pub.advertise("class = 'witness'")
+
+    async def check_still_served(self) -> None:
+        assert self.sub is not None
+        self.sent += 1
+        await self.pub.publish({"class": "witness", "n": self.sent})
+        got = await self.sub.get(5)
+        assert got.attrs["n"] == self.sent
+
+    async def stop(self) -> None:
+        await self.pub.close()
+        await self.sub_client.close()
+
+
+@pytest.fixture
+async def witness(broker: BrokerProcess) -> AsyncIterator[Witness]:
+    w = Witness(broker.endpoint)
+    await w.start()
+    await w.check_still_served()
+    yield w
+    await w.stop()
+
+
+async def expect_error_and_close(peer: RawPeer, code: str, fragment: str) -> Error:
+    msg = await peer.receive()
+    assert isinstance(msg, Error), msg
+    assert msg.code == code, msg
+    assert fragment in msg.message, msg.message
+    assert await peer.closed_by_broker()
+    await peer.close()
+    return msg
+
+
+async def test_garbage_bytes_get_a_protocol_error(broker: BrokerProcess, witness: Witness) -> None:
+    peer = await RawPeer.connect(broker.endpoint)
+    await peer.send_bytes(b"\x00\x00\x00\x05\xc1\xc1\xc1\xc1\xc1")
+    await expect_error_and_close(peer, "protocol", "malformed frame")
+    await witness.check_still_served()
+
+
+async def test_random_garbage_header_is_rejected_as_too_large(
+    broker: BrokerProcess, witness: Witness
+) -> None:
+    peer = await RawPeer.connect(broker.endpoint)
+    await peer.send_bytes(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    await expect_error_and_close(peer, "too_large", "exceeds the limit of 1048576 bytes")
+    await witness.check_still_served()
+
+
+async def test_truncated_frame_is_reported_at_end_of_stream(
+    broker: BrokerProcess, witness: Witness
+) -> None:
+    peer = await RawPeer.connect(broker.endpoint)
+    await peer.hello()
+    await peer.send_bytes(struct.pack(">I", 100) + b"\x93\x01\x02")
+    peer.writer.write_eof()
+    await expect_error_and_close(peer, "protocol", "truncated frame: stream ended after 3 of 100")
+    await witness.check_still_served()
+
+
+async def test_frame_over_the_limit_is_refused_from_its_header(
+    broker: BrokerProcess, witness: Witness
+) -> None:
+    peer = await RawPeer.connect(broker.endpoint)
+    await peer.hello()
+    await peer.send_bytes(struct.pack(">I", 2 * 1024 * 1024) + b"\x00" * 1000)
+    await expect_error_and_close(peer, "too_large", "frame of 2097152 bytes exceeds the limit")
+    await witness.check_still_served()
+
+
+async def test_unknown_message_type_is_refused(broker: BrokerProcess, witness: Witness) -> None:
+    peer = await RawPeer.connect(broker.endpoint)
+    await peer.hello()
+    await peer.send(99, "what")
+    await expect_error_and_close(peer, "protocol", "unknown message type 99")
+    await witness.check_still_served()
+
+
+async def test_publish_before_hello_is_out_of_order(
+    broker: BrokerProcess, witness: Witness
+) -> None:
+    peer = await RawPeer.connect(broker.endpoint)
+    await peer.send(MsgType.PUBLISH, 1, 1, {"class": "witness"}, b"")
+    await expect_error_and_close(peer, "protocol", "PUBLISH before HELLO")
+    await witness.check_still_served()
+
+
+async def test_second_hello_is_out_of_order(broker: BrokerProcess, witness: Witness) -> None:
+    peer = await RawPeer.connect(broker.endpoint)
+    await peer.hello()
+    await peer.send(MsgType.HELLO, PROTOCOL_VERSION, "client", "again", {})
+    await expect_error_and_close(peer, "protocol", "HELLO received twice")
+    await witness.check_still_served()
+
+
+async def test_wrong_protocol_version_is_refused(broker: BrokerProcess, witness: Witness) -> None:
+    peer = await RawPeer.connect(broker.endpoint)
+    await peer.send(MsgType.HELLO, 42, "client", "future", {})
+    await expect_error_and_close(peer, "protocol", "unsupported protocol version 42")
+    await witness.check_still_served()
+
+
+async def test_invalid_filter_on_the_wire_names_the_predicate(
+    broker: BrokerProcess, witness: Witness
+) -> None:
+    peer = await RawPeer.connect(broker.endpoint)
+    await peer.hello()
+    await peer.send(MsgType.SUBSCRIBE, 1, "s1", [["price", "between", 5]])
+    msg = await expect_error_and_close(peer, "invalid_filter", "SUBSCRIBE field 'filter'")
+    assert "between" in msg.message
+    await witness.check_still_served()
+
+
+async def test_wrong_value_types_in_a_publication_are_refused(
+    broker: BrokerProcess, witness: Witness
+) -> None:
+    peer = await RawPeer.connect(broker.endpoint)
+    await peer.hello()
+    await peer.send(MsgType.PUBLISH, 1, 1, {"class": "witness", "price": [1, 2]}, b"")
+    await expect_error_and_close(
+        peer, "invalid_request", "attribute 'price' must be str, int, float or bool, got list"
+    )
+    await witness.check_still_served()
+
+
+async def test_wrong_field_types_are_refused(broker: BrokerProcess, witness: Witness) -> None:
+    peer = await RawPeer.connect(broker.endpoint)
+    await peer.hello()
+    await peer.send(MsgType.PUBLISH, 1, "one", {"class": "witness"}, b"")
+    await expect_error_and_close(
+        peer, "invalid_request", "PUBLISH field 'seq' must be an unsigned integer"
+    )
+    await witness.check_still_served()
+
+
+async def test_sdk_rejects_a_filter_syntax_error_before_sending(
+    broker: BrokerProcess, witness: Witness
+) -> None:
+    async with Client(broker.endpoint) as c:
+        with pytest.raises(FilterSyntaxError) as info:
+            c.subscribe("class = 'stock' or price < 5")
+        assert info.value.token == "or"
+        assert info.value.position == 16
+        await c.flush()
+    await witness.check_still_served()
+
+
+async def test_sdk_rejects_oversized_payload_and_wrong_types_locally(
+    broker: BrokerProcess, witness: Witness
+) -> None:
+    async with Client(broker.endpoint) as c:
+        await c.advertise("class = 'sdk'")
+        with pytest.raises(PayloadTooLarge):
+            await c.publish({"class": "sdk"}, b"x" * (2 * 1024 * 1024))
+        with pytest.raises(InvalidRequest, match="must be str, int, float or bool"):
+            await c.publish({"class": "sdk", "bad": None})  # type: ignore[dict-item]
+        await c.publish({"class": "sdk", "n": 0})
+    await witness.check_still_served()
+
+
+async def test_silent_connection_is_closed_after_hello_timeout(run_broker) -> None:
+    broker = run_broker("hello-timeout", hello_timeout=0.3, heartbeat_interval=0.2)
+    peer = await RawPeer.connect(broker.endpoint)
+    await expect_error_and_close(peer, "protocol", "no HELLO within 0.3 s")
+
+
+async def test_many_bad_clients_at_once_do_not_disturb_the_witness(
+    broker: BrokerProcess, witness: Witness
+) -> None:
+    async def bad(i: int) -> None:
+        peer = await RawPeer.connect(broker.endpoint)
+        await peer.send_bytes(bytes([i % 256]) * (i + 3))
+        await peer.close()
+
+    await asyncio.gather(*(bad(i) for i in range(50)))
+    await witness.check_still_served()

@@ -1,0 +1,157 @@
+"""Publish/subscribe through a real broker process over real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+from broker.filters import parse_filter
+
+from broker.client import Client, Delivery, Subscription
+from broker.errors import InvalidRequest
+from broker.launcher import BrokerProcess
+
+PUBLICATIONS = [
+    {"class": "stock", "symbol": "ACME", "price": 10, "venue": "NYSE", "open": True},
+    {"class": "stock", "symbol": "ACME", "price": 99.5, "venue": "LSE", "open": False},
+    {"class": "stock", "symbol": "ABCO", "price": 50},
+    {"class": "stock", "symbol": "ZETA", "price": 150.25, "venue": "NASDAQ"},
+    {"class": "bond", "symbol": "ACME-2030", "price": 101, "venue": "NYSE"},
+    {"class": "stock", "symbol": "TECH", "price": 20, "note": "split-adjusted"},
+]
+
+OPERATOR_FILTERS = [
+    "class = 'stock' and symbol = 'ACME'",
+    "class = 'stock' and symbol != 'ACME'",
+    "price < 50",
+    "price <= 50",
+    "price > 99.5",
+    "price >= 99.5",
+    "price > 10 and price <= 100",
+    "symbol prefix 'AC'",
+    "symbol suffix '2030'",
+    "note contains 'adjusted'",
+    "venue exists",
+    "symbol in ('ZETA', 'TECH')",
+    "open = true",
+    "*",
+]
+
+
+async def receive_all(sub: Subscription, idle: float = 0.5) -> list[Delivery]:
+    """Everything the subscription gets until it has been idle for ``idle`` seconds."""
+    got: list[Delivery] = []
+    while True:
+        try:
+            got.append(await asyncio.wait_for(sub.__anext__(), idle))
+        except TimeoutError:
+            return got
+
+
+async def test_each_operator_delivers_exactly_the_matching_publications(
+    broker: BrokerProcess,
+) -> None:
+    async with (
+        Client(broker.endpoint, client_id="subscriber") as sc,
+        Client(broker.endpoint, client_id="publisher") as pc,
+    ):
+        subs = [sc.subscribe(text) for text in OPERATOR_FILTERS]
+        for sub in subs:
+            await sub.__aenter__()
+        await pc.advertise("*")
+        for attrs in PUBLICATIONS:
+            await pc.publish(attrs, b"x")
+        await sc.flush()
+        for text, sub in zip(OPERATOR_FILTERS, subs, strict=True):
+            expected = [p for p in PUBLICATIONS if parse_filter(text).matches(p)]
+            got = await receive_all(sub, idle=0.3)
+            assert [d.attrs for d in got] == expected, text
+            assert all(d.publisher == "publisher" for d in got)
+
+
+async def test_subscriber_gets_matching_publications_in_order_per_publisher(
+    broker: BrokerProcess,
+) -> None:
+    rng = random.Random(3)
+    flt = "class = 'quote' and price >= 30 and price < 70"
+    async with Client(broker.endpoint, client_id="sub") as sc, sc.subscribe(flt) as sub:
+        publishers = [Client(broker.endpoint, client_id=f"pub{i}") for i in range(3)]
+        sent: dict[str, list[dict]] = {}
+        for p in publishers:
+            await p.connect()
+            await p.advertise("class = 'quote'")
+            sent[p.client_id] = []
+        for _ in range(600):
+            p = rng.choice(publishers)
+            attrs = {"class": "quote", "price": rng.randint(0, 100)}
+            seq = await p.publish(attrs, ack=False)
+            sent[p.client_id].append({"seq": seq, **attrs})
+        for p in publishers:
+            await p.drain()
+            await p.close()
+        got = await receive_all(sub)
+    matcher = parse_filter(flt)
+    for name, msgs in sent.items():
+        expected = [(m["seq"], m["price"]) for m in msgs if matcher.matches(m)]
+        received = [(d.seq, d.attrs["price"]) for d in got if d.publisher == name]
+        assert received == expected
+    assert sub.dropped == 0
+
+
+async def test_unsubscribe_stops_delivery(broker: BrokerProcess) -> None:
+    async with Client(broker.endpoint) as sc, Client(broker.endpoint) as pc:
+        await pc.advertise("class = 'news'")
+        sub = sc.subscribe("class = 'news'")
+        await sub.__aenter__()
+        await pc.publish({"class": "news", "n": 1})
+        assert (await sub.get(5)).attrs["n"] == 1
+        await sub.unsubscribe()
+        await pc.publish({"class": "news", "n": 2})
+        await sc.flush()
+        await asyncio.sleep(0.2)
+        assert [d async for d in sub] == []
+
+
+async def test_publication_outside_every_advertisement_is_rejected_and_connection_kept(
+    broker: BrokerProcess,
+) -> None:
+    async with Client(broker.endpoint) as pc:
+        await pc.advertise("class = 'stock'")
+        with pytest.raises(InvalidRequest, match="matches none of this client's advertisements"):
+            await pc.publish({"class": "bond"})
+        await pc.publish({"class": "stock"})
+
+
+async def test_unadvertise_stops_publishing_rights(broker: BrokerProcess) -> None:
+    async with Client(broker.endpoint) as pc:
+        adv = await pc.advertise("class = 'stock'")
+        await pc.publish({"class": "stock"})
+        await pc.unadvertise(adv)
+        with pytest.raises(InvalidRequest):
+            await pc.publish({"class": "stock"})
+
+
+async def test_client_restores_subscriptions_after_broker_restart(run_broker) -> None:
+    first = run_broker("restart")
+    port = first.port
+    async with (
+        Client(first.endpoint, client_id="s", max_backoff=0.2) as sc,
+        sc.subscribe("class = 'x'") as sub,
+    ):
+        first.kill()
+        await asyncio.wait_for(sc.disconnected(), 5)
+        again = run_broker("restart", port=port)
+        await asyncio.wait_for(sc.connected(), 10)
+        async with Client(again.endpoint, client_id="p") as pc:
+            await pc.advertise("class = 'x'")
+            # The restore runs right after the reconnect; a flush orders us behind it.
+            for _ in range(50):
+                await sc.flush()
+                await pc.publish({"class": "x", "n": 1})
+                try:
+                    got = await sub.get(0.2)
+                    break
+                except Exception:
+                    continue
+            assert got.attrs == {"class": "x", "n": 1}

@@ -1,0 +1,128 @@
+"""The sans-I/O codec: round trips, framing across chunk boundaries, precise errors."""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+
+import msgpack
+import pytest
+from broker.filters import parse_filter
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.errors import InvalidRequest, PayloadTooLarge, ProtocolError, TrellisError
+from broker.protocol import (
+    Ack,
+    Advertise,
+    Deliver,
+    Error,
+    FrameDecoder,
+    Hello,
+    Notice,
+    Ping,
+    Pong,
+    Publish,
+    Role,
+    Subscribe,
+    Unadvertise,
+    Unsubscribe,
+    Welcome,
+    encode,
+)
+
+EXAMPLES = [
+    Hello(1, Role.CLIENT, "c1", {"x": 1}),
+    Welcome(1, "b1", {"max_frame": 1024}),
+    Advertise(3, "a1", parse_filter("class = 'stock'")),
+    Unadvertise(4, "a1"),
+    Subscribe(5, "s1", parse_filter("class = 'stock' and price > 1 and price <= 5.5")),
+    Unsubscribe(6, "s1"),
+    Publish(7, 42, {"class": "stock", "price": 1.5, "n": -3, "ok": True}, b"\x00payload"),
+    Deliver(["s1", "s2"], "c1", 42, {"class": "stock"}, b""),
+    Ack(9),
+    Error(10, "protocol", "bad"),
+    Ping(11),
+    Pong(12),
+    Notice("dropped", {"subscriptions": {"s1": 3}}),
+]
+
+
+@pytest.mark.parametrize("msg", EXAMPLES, ids=lambda m: type(m).__name__)
+def test_every_message_type_round_trips(msg) -> None:
+    assert list(FrameDecoder().feed(encode(msg))) == [msg]
+
+
+@given(st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=50))
+def test_frames_split_at_any_boundary_decode_identically(cuts: list[int]) -> None:
+    stream = b"".join(encode(m) for m in EXAMPLES)
+    decoder = FrameDecoder()
+    got = []
+    pos = 0
+    for cut in cuts:
+        got.extend(decoder.feed(stream[pos : pos + cut]))
+        pos += cut
+    got.extend(decoder.feed(stream[pos:]))
+    assert got == EXAMPLES
+    decoder.check_eof()
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=300))
+def test_arbitrary_bytes_raise_only_trellis_errors(data: bytes) -> None:
+    decoder = FrameDecoder(max_frame=4096)
+    try:
+        list(decoder.feed(data))
+        decoder.check_eof()
+    except TrellisError:
+        pass
+
+
+@settings(max_examples=200)
+@given(
+    st.recursive(
+        st.none()
+        | st.booleans()
+        | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+        | st.floats()
+        | st.text(max_size=5)
+        | st.binary(max_size=5),
+        lambda inner: (
+            st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+        ),
+        max_leaves=12,
+    )
+)
+def test_arbitrary_msgpack_values_raise_only_trellis_errors(value: object) -> None:
+    body = msgpack.packb(value, use_bin_type=True)
+    with contextlib.suppress(TrellisError):
+        list(FrameDecoder().feed(struct.pack(">I", len(body)) + body))
+
+
+def test_oversized_frame_is_rejected_before_its_body_arrives() -> None:
+    decoder = FrameDecoder(max_frame=1024)
+    with pytest.raises(PayloadTooLarge) as info:
+        list(decoder.feed(struct.pack(">I", 5000)))
+    assert info.value.size == 5000
+    assert info.value.limit == 1024
+
+
+def test_truncated_frame_is_detected_at_end_of_stream() -> None:
+    decoder = FrameDecoder()
+    list(decoder.feed(encode(Ping(1))[:-1]))
+    with pytest.raises(ProtocolError, match="truncated frame"):
+        decoder.check_eof()
+
+
+def test_field_count_mismatch_names_the_fields() -> None:
+    body = msgpack.packb([7, 1, 2])
+    with pytest.raises(
+        ProtocolError, match=r"PUBLISH takes 4 fields \(rid, seq, attrs, payload\), got 2"
+    ):
+        list(FrameDecoder().feed(struct.pack(">I", len(body)) + body))
+
+
+def test_non_string_attribute_names_are_refused() -> None:
+    body = msgpack.packb([7, 1, 1, {1: "x"}, b""])
+    with pytest.raises(InvalidRequest, match="attribute name 1"):
+        list(FrameDecoder().feed(struct.pack(">I", len(body)) + body))
