@@ -89,6 +89,8 @@ class LocalOverlay:
     def linked(self) -> bool:
         """Whether every broker reports exactly its tree neighbours as live links."""
         for broker_id, proc in self.brokers.items():
+            if not proc.alive():
+                return False
             try:
                 health = fetch_json(proc.admin_url + "/healthz")
             except OSError:
@@ -118,7 +120,10 @@ class LocalOverlay:
         raise OverlayError(f"routing state still changing after {timeout:g} s")
 
     def health(self) -> dict[str, Any]:
-        return {b: fetch_json(p.admin_url + "/healthz") for b, p in self.brokers.items()}
+        """``/healthz`` of every running broker of the overlay."""
+        return {
+            b: fetch_json(p.admin_url + "/healthz") for b, p in self.brokers.items() if p.alive()
+        }
 
     def metrics(self, broker_id: str) -> str:
         return fetch_text(self.brokers[broker_id].admin_url + "/metrics")
