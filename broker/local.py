@@ -128,9 +128,13 @@ class LocalOverlay:
     def metrics(self, broker_id: str) -> str:
         return fetch_text(self.brokers[broker_id].admin_url + "/metrics")
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM every broker at once, then wait for each (SIGKILL past ``timeout``)."""
         for proc in self.brokers.values():
-            proc.stop()
+            if proc.alive():
+                proc.process.send_signal(signal.SIGTERM)
+        for proc in self.brokers.values():
+            proc.stop(timeout)
 
     def describe(self) -> dict[str, Any]:
         return {
