@@ -68,6 +68,7 @@ __all__ = ["Client", "Delivery", "Status", "Subscription", "parse_endpoint"]
 log = logging.getLogger("trellis.client")
 
 _FRAME_OVERHEAD = 64
+_CORK_LIMIT = 64 * 1024
 
 
 class Status(Enum):
@@ -115,6 +116,8 @@ class _Link(asyncio.Protocol):
         self.can_write = asyncio.Event()
         self.can_write.set()
         self.fatal: TrellisError | None = None
+        self.out: list[bytes] = []
+        self.out_bytes = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
@@ -147,9 +150,23 @@ class _Link(asyncio.Protocol):
         self.can_write.set()
 
     def send(self, msg: Message) -> None:
+        """Queue a frame; frames queued in one loop iteration leave in one write."""
         if self.transport is None or self.transport.is_closing():
             raise ConnectionLost("not connected to a broker")
-        self.transport.write(encode(msg))
+        if not self.out:
+            asyncio.get_running_loop().call_soon(self.flush)
+        data = encode(msg)
+        self.out.append(data)
+        self.out_bytes += len(data)
+        if self.out_bytes > _CORK_LIMIT:
+            # A producer that never yields must still meet the transport's flow control.
+            self.flush()
+
+    def flush(self) -> None:
+        if self.out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(self.out))
+        self.out.clear()
+        self.out_bytes = 0
 
 
 class Subscription:
@@ -216,9 +233,20 @@ class Subscription:
         return item
 
     async def get(self, timeout: float | None = None) -> Delivery:
-        """The next delivery, waiting at most ``timeout`` seconds (TrellisTimeout after)."""
+        """The next delivery, waiting at most ``timeout`` seconds (TrellisTimeout after).
+
+        Raises:
+            SlowConsumerError: messages were dropped since the last read (raised once).
+            StopAsyncIteration: the subscription has ended and its queue is empty.
+        """
+        if self._queue.qsize() and self.dropped == self._reported_dropped:
+            item = self._queue.get_nowait()
+            if item is not None:
+                return item
+            raise StopAsyncIteration
         try:
-            return await asyncio.wait_for(self.__anext__(), timeout)
+            async with asyncio.timeout(timeout):
+                return await self.__anext__()
         except TimeoutError:
             raise TrellisTimeout(f"no delivery on {self.id} within {timeout} s") from None
 
@@ -416,9 +444,11 @@ class Client:
         seq = self._seq
         if ack:
             await self._request(lambda rid: Publish(rid, seq, attrs, payload))
-        else:
+            return seq
+        link = self._link
+        if link is None or self._status is not Status.CONNECTED or not link.can_write.is_set():
             link = await self._writable_link()
-            link.send(Publish(0, seq, attrs, payload))
+        link.send(Publish(0, seq, attrs, payload))
         return seq
 
     def subscribe(self, flt: str | Filter, *, queue_size: int | None = None) -> Subscription:
