@@ -80,7 +80,7 @@ class Status(Enum):
     CLOSED = "closed"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Delivery:
     """One publication delivered to a subscription."""
 
@@ -570,6 +570,13 @@ class Client:
                 fut.set_exception(exc)
 
     def _on_message(self, link: _Link, msg: Message) -> None:
+        if type(msg) is Deliver:
+            subs = self._subscriptions
+            for sid in msg.sub_ids:
+                sub = subs.get(sid)
+                if sub is not None:
+                    sub._deliver(Delivery(msg.attrs, msg.payload, msg.publisher, msg.seq, sid))
+            return
         match msg:
             case Deliver(sub_ids, publisher, seq, attrs, payload):
                 for sid in sub_ids:

@@ -37,6 +37,7 @@ class BrokerStats:
     deliveries_dropped: int = 0
     congestion_events: int = 0
     forwards_in: int = 0
+    routed: int = 0
     forwarded: dict[str, int] = field(default_factory=dict)
     messages_in: dict[str, int] = field(default_factory=dict)
     match_buckets: list[int] = field(default_factory=lambda: [0] * (len(MATCH_BUCKETS) + 1))
