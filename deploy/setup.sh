@@ -21,8 +21,8 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
 
-command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || apt_install mosquitto mosquitto-clients
 if [ "$want_bench" = 1 ]; then
+  { command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ]; } || apt_install mosquitto
   command -v mosquitto_pub >/dev/null 2>&1 || apt_install mosquitto-clients
   ldconfig -p | grep -q libgfshare || apt_install libgfshare2 libgfshare-bin
 fi

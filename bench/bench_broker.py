@@ -1,0 +1,794 @@
+"""Broker benchmark: Trellis against Mosquitto and amqtt (SPEC §10).
+
+Usage::
+
+    .venv/bin/python bench/bench_broker.py            # 3 repeats, prints medians and ratios
+    .venv/bin/python bench/bench_broker.py --quick    # 1 repeat
+    .venv/bin/python bench/bench_broker.py --write    # also record the medians in RESULTS-broker.md
+
+For every system (trellis, mosquitto, amqtt) and scenario (1→1, 1→10; 100-byte payloads) a
+run starts a fresh broker process, starts the subscriber processes and one publisher process
+with each system's best client (Mosquitto and amqtt: the ``mosquitto_sub``/``mosquitto_pub`` C
+clients at QoS 0; Trellis: its Python SDK on uvloop, in separate processes started from this
+file), waits until every subscriber has received a probe publication (so all subscriptions are
+live and the publisher is connected), then publishes N messages and measures:
+
+* end-to-end rate: deliveries at all subscribers / (last delivery at the slowest subscriber -
+  the moment the publisher was released);
+* broker CPU per delivery: the broker process's utime+stime (``/proc/<pid>/stat``) over the
+  run, divided by the deliveries;
+* losses: expected deliveries minus actual ones;
+* client CPU per message (publisher) and per delivery (all subscribers together), the same way.
+
+Every wait is bounded; every process a run starts is killed by PID when the run ends. Set
+``BENCH_KEEP=1`` to keep each run's broker log and client outputs for inspection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import importlib.metadata
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+if str(BENCH_DIR) not in sys.path:
+    sys.path.insert(0, str(BENCH_DIR))
+
+from peers import cpu_seconds, start_amqtt, start_mosquitto  # noqa: E402
+
+PAYLOAD_SIZE = 100
+PROBE = b"probe"
+TOPIC = "bench"
+FILTER = "class = 'bench'"
+SYSTEMS = ("trellis", "mosquitto", "amqtt")
+SCENARIOS = {"1→1": 1, "1→10": 10}
+
+# Publications per run, chosen so one run takes about 1-5 s on 2 shared cores. The metrics
+# are per delivery or per second, so different N per system stays a fair comparison.
+COUNTS: dict[tuple[str, int], int] = {
+    ("trellis", 1): 20_000,
+    ("trellis", 10): 6_000,
+    ("mosquitto", 1): 50_000,
+    ("mosquitto", 10): 10_000,
+    ("amqtt", 1): 5_000,
+    ("amqtt", 10): 800,
+}
+
+READY_TIMEOUT = 30.0  # subscribers connected and subscribed
+IDLE_TIMEOUT = 3.0  # no delivery progress for this long: the rest is lost
+RUN_TIMEOUT = 60.0  # hard cap on one measurement
+PROBE_INTERVAL = 0.1
+POLL = 0.01
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+KEEP = bool(os.environ.get("BENCH_KEEP"))  # keep broker logs and client outputs
+
+GOALS_TEXT = {
+    "cpu_vs_mosquitto": "≤ 2×",
+    "cpu_vs_amqtt": "≤ 0.1×",
+    "rate_vs_mosquitto": "≥ 0.5×",
+    "rate_vs_amqtt": "≥ 10×",
+}
+
+
+# ---------------------------------------------------------------------------------------
+# Trellis client roles (run in their own processes: ``bench_broker.py _trellis_sub ...``)
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+async def _stdin_reader() -> asyncio.StreamReader:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    return reader
+
+
+def _say(*words: object) -> None:
+    sys.stdout.write(" ".join(str(w) for w in words) + "\n")
+    sys.stdout.flush()
+
+
+async def _trellis_sub(endpoint: str, count: int) -> None:
+    """Count `count` data deliveries; say "ready" on the first probe and "done" at the end.
+
+    Stays connected until stdin closes, so the broker sees no disconnect during a run.
+    """
+    from broker.client import Client
+    from broker.errors import SlowConsumerError
+
+    stdin = await _stdin_reader()
+    loop = asyncio.get_running_loop()
+    got = 0
+    last = 0.0
+    ready = False
+    client = Client(endpoint, client_id=f"bench-sub-{os.getpid()}", queue_size=count + 10_000)
+    async with client, client.subscribe(FILTER) as sub:
+
+        async def consume() -> None:
+            nonlocal got, last, ready
+            while True:
+                try:
+                    async for msg in sub:
+                        if len(msg.payload) == PAYLOAD_SIZE:
+                            got += 1
+                            last = time.time()
+                            if got >= count:
+                                return
+                        elif not ready:
+                            ready = True
+                            _say("ready")
+                except SlowConsumerError:
+                    continue
+                return
+
+        consumer = asyncio.create_task(consume())
+        seen, quiet_since = -1, loop.time()
+        while not consumer.done():
+            await asyncio.wait([consumer], timeout=0.1)
+            now = loop.time()
+            if got != seen:
+                seen, quiet_since = got, now
+            elif now - quiet_since > (IDLE_TIMEOUT if got else RUN_TIMEOUT):
+                consumer.cancel()
+                break
+        with contextlib.suppress(asyncio.CancelledError):
+            await consumer
+        _say("done", got, f"{last:.6f}", sub.dropped)
+        await stdin.read()
+
+
+async def _trellis_pub(endpoint: str, count: int, size: int) -> None:
+    """Publish one probe per "probe" line and `count` messages on "go"; exit on EOF."""
+    from broker.client import Client
+
+    stdin = await _stdin_reader()
+    attrs = {"class": "bench"}
+    payload = b"x" * size
+    async with Client(endpoint, client_id=f"bench-pub-{os.getpid()}") as client:
+        await client.advertise(FILTER)
+        while line := await stdin.readline():
+            command = line.strip()
+            if command == b"probe":
+                await client.publish(attrs, PROBE, ack=False)
+            elif command == b"go":
+                publish = client.publish
+                for _ in range(count):
+                    await publish(attrs, payload, ack=False)
+                await client.drain(timeout=RUN_TIMEOUT)
+                _say("sent")
+
+
+def _client_main(argv: Sequence[str]) -> None:
+    role, endpoint, *rest = argv
+    with asyncio.Runner(loop_factory=_new_loop) as runner:
+        if role == "_trellis_sub":
+            runner.run(_trellis_sub(endpoint, int(rest[0])))
+        else:
+            runner.run(_trellis_pub(endpoint, int(rest[0]), int(rest[1])))
+
+
+# ---------------------------------------------------------------------------------------
+# Harness side: subscribers, publishers, brokers
+
+
+def _spawn(
+    cmd: list[str], out: Path, *, stdin: int | None = subprocess.DEVNULL
+) -> subprocess.Popen[bytes]:
+    with out.open("wb") as sink:
+        return subprocess.Popen(
+            cmd, stdin=stdin, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def _cpu(proc: subprocess.Popen[bytes]) -> float:
+    try:
+        return cpu_seconds(proc.pid)
+    except (OSError, ValueError):
+        return float("nan")
+
+
+class Subscriber(Protocol):
+    process: subprocess.Popen[bytes]
+    ready: bool
+    finished: bool
+    count: int
+    last: float
+    dropped: int
+
+    def poll(self) -> None: ...
+
+
+@dataclass
+class MqttSubscriber:
+    """``mosquitto_sub`` printing '<unix time ns> <payload length>' per message."""
+
+    process: subprocess.Popen[bytes]
+    out: Path
+    expected: int
+    ready: bool = False
+    finished: bool = False
+    count: int = 0
+    last: float = 0.0
+    dropped: int = 0
+    _offset: int = 0
+    _partial: bytes = b""
+
+    @classmethod
+    def start(cls, port: int, index: int, expected: int, workdir: Path) -> MqttSubscriber:
+        out = workdir / f"sub-{index}.out"
+        cmd = [
+            "mosquitto_sub", "-h", "127.0.0.1", "-p", str(port), "-t", TOPIC, "-q", "0",
+            "-i", f"bench-sub-{index}-{os.getpid()}", "-F", "%U %l",
+        ]  # fmt: skip
+        return cls(_spawn(cmd, out), out, expected)
+
+    def poll(self) -> None:
+        with self.out.open("rb") as f:
+            f.seek(self._offset)
+            chunk = f.read()
+        if not chunk:
+            if self.process.poll() is not None:
+                self.finished = True
+            return
+        self._offset += len(chunk)
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()
+        for line in lines:
+            stamp, _, length = line.partition(b" ")
+            if length == b"%d" % PAYLOAD_SIZE:
+                self.count += 1
+                self.last = float(stamp)
+            elif length == b"%d" % len(PROBE):
+                self.ready = True
+        if self.count >= self.expected:
+            self.finished = True
+
+
+@dataclass
+class TrellisSubscriber:
+    """A ``_trellis_sub`` process, reporting "ready" and "done <n> <last> <dropped>"."""
+
+    process: subprocess.Popen[bytes]
+    out: Path
+    ready: bool = False
+    finished: bool = False
+    count: int = 0
+    last: float = 0.0
+    dropped: int = 0
+
+    @classmethod
+    def start(cls, endpoint: str, index: int, expected: int, workdir: Path) -> TrellisSubscriber:
+        out = workdir / f"sub-{index}.out"
+        script = str(Path(__file__).resolve())
+        cmd = [sys.executable, script, "_trellis_sub", endpoint, str(expected)]
+        return cls(_spawn(cmd, out, stdin=subprocess.PIPE), out)
+
+    def poll(self) -> None:
+        text = self.out.read_text(errors="replace")
+        for line in text.splitlines():
+            words = line.split()
+            if words[:1] == ["ready"]:
+                self.ready = True
+            elif words[:1] == ["done"] and len(words) == 4:
+                self.count, self.last, self.dropped = int(words[1]), float(words[2]), int(words[3])
+                self.finished = True
+        if not self.finished and self.process.poll() is not None:
+            self.finished = True  # crashed: counts stay 0; its output file says why
+
+
+class Publisher(Protocol):
+    process: subprocess.Popen[bytes]
+
+    def probe(self) -> None: ...
+    def go(self) -> None: ...
+    def sent(self) -> bool: ...
+
+
+@dataclass
+class MqttPublisher:
+    """``mosquitto_pub -l``: one QoS 0 publication per stdin line."""
+
+    process: subprocess.Popen[bytes]
+    count: int
+    writer: threading.Thread | None = None
+    done_writing: threading.Event = field(default_factory=threading.Event)
+
+    @classmethod
+    def start(cls, port: int, count: int, workdir: Path) -> MqttPublisher:
+        cmd = [
+            "mosquitto_pub", "-h", "127.0.0.1", "-p", str(port), "-t", TOPIC, "-q", "0", "-l",
+            "-i", f"bench-pub-{os.getpid()}",
+        ]  # fmt: skip
+        return cls(_spawn(cmd, workdir / "pub.out", stdin=subprocess.PIPE), count)
+
+    def probe(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(PROBE + b"\n")
+        self.process.stdin.flush()
+
+    def go(self) -> None:
+        data = (b"x" * PAYLOAD_SIZE + b"\n") * self.count
+
+        def write() -> None:
+            with contextlib.suppress(OSError, ValueError):
+                assert self.process.stdin is not None
+                self.process.stdin.write(data)
+                self.process.stdin.flush()
+            self.done_writing.set()
+
+        self.writer = threading.Thread(target=write, daemon=True)
+        self.writer.start()
+
+    def sent(self) -> bool:
+        return self.done_writing.is_set()
+
+
+@dataclass
+class TrellisPublisher:
+    """A ``_trellis_pub`` process driven by "probe"/"go" lines on its stdin."""
+
+    process: subprocess.Popen[bytes]
+    out: Path
+
+    @classmethod
+    def start(cls, endpoint: str, count: int, workdir: Path) -> TrellisPublisher:
+        out = workdir / "pub.out"
+        cmd = [
+            sys.executable, str(Path(__file__).resolve()), "_trellis_pub", endpoint, str(count),
+            str(PAYLOAD_SIZE),
+        ]  # fmt: skip
+        return cls(_spawn(cmd, out, stdin=subprocess.PIPE), out)
+
+    def probe(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(b"probe\n")
+        self.process.stdin.flush()
+
+    def go(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(b"go\n")
+        self.process.stdin.flush()
+
+    def sent(self) -> bool:
+        return "sent" in self.out.read_text(errors="replace").split()
+
+
+class Broker(Protocol):
+    pid: int
+    endpoint: str
+    port: int
+
+    def stop(self, timeout: float = ...) -> int: ...
+
+
+def start_system(system: str, workdir: Path) -> Broker:
+    if system == "mosquitto":
+        return start_mosquitto(workdir)
+    if system == "amqtt":
+        return start_amqtt(workdir)
+    from broker.launcher import start_broker
+
+    return start_broker(workdir, "bench")
+
+
+# ---------------------------------------------------------------------------------------
+# One measurement
+
+
+@dataclass
+class Result:
+    system: str
+    scenario: str
+    subscribers: int
+    count: int  # publications
+    deliveries: int
+    seconds: float
+    broker_cpu: float
+    pub_cpu: float
+    sub_cpu: float
+    dropped: int
+    note: str = ""
+
+    @property
+    def expected(self) -> int:
+        return self.count * self.subscribers
+
+    @property
+    def lost(self) -> int:
+        return self.expected - self.deliveries
+
+    @property
+    def rate(self) -> float:
+        return self.deliveries / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def broker_us(self) -> float:
+        return 1e6 * self.broker_cpu / self.deliveries if self.deliveries else float("nan")
+
+    @property
+    def pub_us(self) -> float:
+        return 1e6 * self.pub_cpu / self.count
+
+    @property
+    def sub_us(self) -> float:
+        return 1e6 * self.sub_cpu / self.deliveries if self.deliveries else float("nan")
+
+
+def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} within {timeout:g} s")
+        time.sleep(POLL)
+
+
+def measure(system: str, scenario: str, n_subs: int, count: int, scratch: Path) -> Result:
+    """Start a fresh broker and clients, run one measurement, stop everything."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"{system}-", dir=scratch))
+    broker = start_system(system, workdir)
+    subs: list[Subscriber] = []
+    pub: Publisher | None = None
+    try:
+        for i in range(n_subs):
+            if system == "trellis":
+                subs.append(TrellisSubscriber.start(broker.endpoint, i, count, workdir))
+            else:
+                subs.append(MqttSubscriber.start(broker.port, i, count, workdir))
+        if system == "trellis":
+            pub = TrellisPublisher.start(broker.endpoint, count, workdir)
+        else:
+            pub = MqttPublisher.start(broker.port, count, workdir)
+
+        # Readiness: probe until every subscriber has received one.
+        deadline = time.monotonic() + READY_TIMEOUT
+        while True:
+            for sub in subs:
+                sub.poll()
+            if all(s.ready for s in subs):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{sum(s.ready for s in subs)}/{n_subs} subscribers ready")
+            if pub.process.poll() is not None:
+                raise RuntimeError(f"publisher exited early, see {workdir}/pub.out")
+            pub.probe()
+            time.sleep(PROBE_INTERVAL)
+        time.sleep(0.2)  # let probes still in flight land before the CPU baseline
+        for sub in subs:
+            sub.poll()
+
+        cpu0 = cpu_seconds(broker.pid)
+        pub0 = _cpu(pub.process)
+        subs0 = [_cpu(s.process) for s in subs]
+        t0 = time.time()
+        pub.go()
+
+        # Completion: every subscriber finished, or no progress for IDLE_TIMEOUT.
+        hard = time.monotonic() + RUN_TIMEOUT
+        progress, quiet_since = -1, time.monotonic()
+        note = ""
+        while True:
+            for sub in subs:
+                if not sub.finished:
+                    sub.poll()
+            if all(s.finished for s in subs):
+                break
+            now = time.monotonic()
+            total = sum(s.count for s in subs)
+            if total != progress:
+                progress, quiet_since = total, now
+            elif system != "trellis" and now - quiet_since > IDLE_TIMEOUT:
+                note = "idle timeout"
+                break
+            if now > hard:
+                note = "run timeout"
+                break
+            time.sleep(POLL)
+        cpu1 = cpu_seconds(broker.pid)
+        pub1 = _cpu(pub.process)
+        subs1 = [_cpu(s.process) for s in subs]
+        if not pub.sent():
+            note = (note + "; " if note else "") + "publisher unfinished"
+
+        deliveries = sum(s.count for s in subs)
+        last = max((s.last for s in subs if s.count), default=t0)
+        return Result(
+            system=system,
+            scenario=scenario,
+            subscribers=n_subs,
+            count=count,
+            deliveries=deliveries,
+            seconds=last - t0,
+            broker_cpu=cpu1 - cpu0,
+            pub_cpu=pub1 - pub0,
+            sub_cpu=sum(b - a for a, b in zip(subs0, subs1, strict=True)),
+            dropped=sum(s.dropped for s in subs),
+            note=note,
+        )
+    finally:
+        procs = [s.process for s in subs] + ([pub.process] if pub is not None else [])
+        for proc in procs:
+            if proc.stdin is not None:  # our clients and mosquitto_pub exit on EOF
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+            elif proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + 3.0
+        for proc in procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5.0)
+        broker.stop()
+        if not KEEP:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Reporting
+
+
+@dataclass
+class Summary:
+    system: str
+    scenario: str
+    count: int
+    runs: int
+    rate: float
+    rate_range: tuple[float, float]
+    broker_us: float
+    broker_range: tuple[float, float]
+    pub_us: float
+    sub_us: float
+    lost: int
+    expected: int
+    dropped: int
+    notes: list[str]
+
+
+def summarise(results: list[Result]) -> dict[tuple[str, str], Summary]:
+    out: dict[tuple[str, str], Summary] = {}
+    keys = sorted({(r.system, r.scenario) for r in results}, key=lambda k: (k[1], k[0]))
+    for key in keys:
+        rs = [r for r in results if (r.system, r.scenario) == key]
+        out[key] = Summary(
+            system=key[0],
+            scenario=key[1],
+            count=rs[0].count,
+            runs=len(rs),
+            rate=statistics.median(r.rate for r in rs),
+            rate_range=(min(r.rate for r in rs), max(r.rate for r in rs)),
+            broker_us=statistics.median(r.broker_us for r in rs),
+            broker_range=(min(r.broker_us for r in rs), max(r.broker_us for r in rs)),
+            pub_us=statistics.median(r.pub_us for r in rs),
+            sub_us=statistics.median(r.sub_us for r in rs),
+            lost=sum(r.lost for r in rs),
+            expected=sum(r.expected for r in rs),
+            dropped=sum(r.dropped for r in rs),
+            notes=[r.note for r in rs if r.note],
+        )
+    return out
+
+
+def _fmt(value: float, digits: int = 1) -> str:
+    return "n/a" if value != value else f"{value:,.{digits}f}"  # noqa: PLR0124 (NaN check)
+
+
+def _span(median: float, bounds: tuple[float, float], digits: int) -> str:
+    low, high = bounds
+    if low == high:
+        return _fmt(median, digits)
+    return f"{_fmt(median, digits)} ({_fmt(low, digits)}–{_fmt(high, digits)})"
+
+
+def tables(summary: dict[tuple[str, str], Summary]) -> str:
+    lines = [
+        "| system | scenario | publications × subscribers | runs "
+        "| delivered msg/s, median (min–max) | broker CPU µs/delivery, median (min–max) "
+        "| publisher CPU µs/msg | subscriber CPU µs/delivery | lost / expected |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summary.values():
+        lost = f"{s.lost} / {s.expected}" + (
+            f" (SDK-reported drops {s.dropped})" if s.dropped else ""
+        )
+        if s.notes:
+            lost += " — " + ", ".join(sorted(set(s.notes)))
+        # A CPU delta under one clock tick reads as 0: say so instead.
+        tick_us = 1e6 / CLK_TCK / s.count
+        pub = _fmt(s.pub_us) if s.pub_us > 0 else f"< {tick_us:.1f} (under 1 tick)"
+        lines.append(
+            f"| {s.system} | {s.scenario} | {s.count:,} × {SCENARIOS[s.scenario]} | {s.runs} "
+            f"| {_span(s.rate, s.rate_range, 0)} | {_span(s.broker_us, s.broker_range, 1)} "
+            f"| {pub} | {_fmt(s.sub_us)} | {lost} |"
+        )
+    lines += [
+        "",
+        "| scenario | Trellis vs | CPU/delivery ratio | goal | msg/s ratio | goal |",
+        "|---|---|---|---|---|---|",
+    ]
+    for scenario in SCENARIOS:
+        mine = summary.get(("trellis", scenario))
+        for peer in ("mosquitto", "amqtt"):
+            other = summary.get((peer, scenario))
+            if mine is None or other is None:
+                continue
+            cpu_ratio = mine.broker_us / other.broker_us
+            rate_ratio = mine.rate / other.rate if other.rate else float("nan")
+            cpu_goal = 2.0 if peer == "mosquitto" else 0.1
+            rate_goal = 0.5 if peer == "mosquitto" else 10.0
+            cpu_ok = "met" if cpu_ratio <= cpu_goal else "NOT met"
+            rate_ok = "met" if rate_ratio >= rate_goal else "NOT met"
+            lines.append(
+                f"| {scenario} | {peer} | {cpu_ratio:.2f}× | {GOALS_TEXT['cpu_vs_' + peer]} "
+                f"({cpu_ok}) | {rate_ratio:.2f}× | {GOALS_TEXT['rate_vs_' + peer]} ({rate_ok}) |"
+            )
+    return "\n".join(lines)
+
+
+def _version(cmd: list[str]) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+    for line in (out.stdout + out.stderr).splitlines():
+        if "version" in line:
+            return line.strip()
+    return "?"
+
+
+def environment() -> list[str]:
+    def pkg(name: str) -> str:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return "?"
+
+    model = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return [
+        f"- machine: {os.cpu_count()} shared cores ({model}), Linux {platform.release()}",
+        f"- Python {platform.python_version()}; trellis {pkg('trellis')}, uvloop {pkg('uvloop')}, "
+        f"msgpack {pkg('msgpack')}; amqtt {pkg('amqtt')}",
+        f"- {_version(['mosquitto', '-h'])}; clients: {_version(['mosquitto_pub', '--help'])}",
+    ]
+
+
+MARK_BEGIN = "<!-- bench_broker.py: begin -->"
+MARK_END = "<!-- bench_broker.py: end -->"
+
+
+def write_results(path: Path, block: str) -> None:
+    """Replace the generated block of `path`, keeping the hand-written notes around it."""
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    generated = f"{MARK_BEGIN}\n{block}\n{MARK_END}"
+    if MARK_BEGIN in text and MARK_END in text:
+        head, rest = text.split(MARK_BEGIN, 1)
+        tail = rest.split(MARK_END, 1)[1]
+        text = head + generated + tail
+    else:
+        text = "# Broker benchmark results\n\n" + generated + "\n" + text
+    path.write_text(text, encoding="utf-8")
+
+
+def trellis_importable() -> str | None:
+    """None when the Trellis daemon and SDK import; otherwise the reason they do not."""
+    probe = subprocess.run(
+        [sys.executable, "-c", "import broker.client, broker.server"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=REPO,
+    )
+    return None if probe.returncode == 0 else probe.stderr.strip().splitlines()[-1]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="one repeat instead of three")
+    parser.add_argument("--repeat", type=int, help="repeats per measurement (default 3)")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated subset")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every N by this")
+    parser.add_argument("--write", action="store_true", help="update bench/RESULTS-broker.md")
+    args = parser.parse_args(argv)
+    repeat = args.repeat or (1 if args.quick else 3)
+    systems = [s for s in args.systems.split(",") if s]
+    scenarios = [s for s in args.scenarios.split(",") if s]
+    for name in systems:
+        if name not in SYSTEMS:
+            parser.error(f"unknown system {name!r}")
+    for name in scenarios:
+        if name not in SCENARIOS:
+            parser.error(f"unknown scenario {name!r}")
+    if "trellis" in systems and (why := trellis_importable()):
+        print(f"skipping trellis: it does not import ({why})", file=sys.stderr)
+        systems.remove("trellis")
+
+    command = "cd /work/main && .venv/bin/python bench/" + " ".join(
+        [Path(sys.argv[0]).name, *(sys.argv[1:] if argv is None else argv)]
+    )
+    started = time.monotonic()
+    results: list[Result] = []
+    scratch = Path(tempfile.mkdtemp(prefix="bench-broker-"))
+    try:
+        # Interleave systems within each repeat so slow drifts of a shared machine hit all.
+        for rep in range(repeat):
+            for scenario in scenarios:
+                n_subs = SCENARIOS[scenario]
+                for system in systems:
+                    count = max(1, int(COUNTS[system, n_subs] * args.scale))
+                    try:
+                        r = measure(system, scenario, n_subs, count, scratch)
+                    except Exception as exc:
+                        print(f"[{rep + 1}/{repeat}] {system} {scenario}: FAILED: {exc!r}")
+                        continue
+                    results.append(r)
+                    print(
+                        f"[{rep + 1}/{repeat}] {system:9} {scenario:5} {r.deliveries:>7}/"
+                        f"{r.expected:<7} in {r.seconds:6.3f} s  {r.rate:>9,.0f} msg/s  "
+                        f"broker {r.broker_us:7.1f} µs/dlv  pub {r.pub_us:6.1f} µs/msg  "
+                        f"subs {r.sub_us:6.1f} µs/dlv {r.note}",
+                        flush=True,
+                    )
+    finally:
+        if KEEP:
+            print(f"kept logs and outputs in {scratch}")
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
+    elapsed = time.monotonic() - started
+    if not results:
+        return 1
+    summary = summarise(results)
+    table = tables(summary)
+    print()
+    print(table)
+    print(f"\n(total {elapsed:.0f} s)")
+    if args.write:
+        block = "\n".join(
+            [
+                f"Measured {dt.date.today().isoformat()} with `{command}` "
+                f"({repeat} run(s) each, medians; total {elapsed:.0f} s).",
+                "",
+                *environment(),
+                "",
+                table,
+            ]
+        )
+        write_results(BENCH_DIR / "RESULTS-broker.md", block)
+        print(f"wrote {BENCH_DIR / 'RESULTS-broker.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] in ("_trellis_sub", "_trellis_pub"):
+        _client_main(sys.argv[1:])
+    else:
+        sys.exit(main())
