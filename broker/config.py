@@ -34,6 +34,13 @@ class NeighbourConfig(BaseModel):
 
     id: str = Field(min_length=1, max_length=256)
     endpoint: str = Field(pattern=r"^[^\s:]+:\d{1,5}$", description="HOST:PORT")
+    vn: str | None = Field(None, description="its virtual node (default: its own id)")
+    replica: int = Field(0, ge=0, description="its index among its VN's replicas")
+    vn_size: int = Field(1, ge=1, le=64, description="number of replicas of its VN")
+
+    @property
+    def vn_id(self) -> str:
+        return self.vn or self.id
 
 
 class BrokerConfig(BaseModel):
@@ -70,9 +77,20 @@ class BrokerConfig(BaseModel):
         (), description="overlay neighbours; the broker with the smaller id dials the link"
     )
     covering: bool = Field(True, description="suppress forwarding of covered subscriptions")
+    vn: str | None = Field(None, description="this broker's virtual node (default: its id)")
+    replica: int = Field(0, ge=0, description="this broker's index among its VN's replicas")
+    vn_size: int = Field(1, ge=1, le=64, description="number of replicas of this broker's VN")
+    byzantine: Literal["none", "drop", "corrupt", "equivocate", "collude"] = Field(
+        "none", description="fault injection for tests and demos: misbehave as named"
+    )
     link_backoff_max: float = Field(
         2.0, gt=0, description="largest pause between attempts to (re)open a broker link"
     )
+
+
+def vn_of(config: BrokerConfig) -> str:
+    """The virtual node a broker belongs to (a plain broker is a VN of one)."""
+    return config.vn or config.id
 
 
 def load_config(

@@ -22,7 +22,7 @@ Layouts (``rid`` is a request id the broker echoes in ACK/ERROR; 0 asks for no A
     PONG         [12, token]
     NOTICE       [13, kind, data]
     FORWARD      [14, publisher, seq, attrs, payload]        (broker to broker)
-    LINKSTATE    [15, broker_id, version, [neighbour, ...]]  (broker to broker)
+    LINKSTATE    [15, broker_id, vn, version, [neighbour, ...]]  (broker to broker)
 
 Between brokers, ADVERTISE/UNADVERTISE/SUBSCRIBE/UNSUBSCRIBE travel with rid 0 and
 overlay-wide keys (``origin-broker/client/id``) in place of the client's ids.
@@ -176,6 +176,7 @@ class Forward:
 @dataclass(slots=True)
 class LinkState:
     broker_id: str
+    vn: str
     version: int
     neighbours: list[str]
 
@@ -247,8 +248,8 @@ def to_wire(msg: Message) -> list[Any]:
             return [MsgType.NOTICE, kind, data]
         case Forward(publisher, seq, attrs, payload):
             return [MsgType.FORWARD, publisher, seq, attrs, payload]
-        case LinkState(broker_id, version, neighbours):
-            return [MsgType.LINKSTATE, broker_id, version, neighbours]
+        case LinkState(broker_id, vn, version, neighbours):
+            return [MsgType.LINKSTATE, broker_id, vn, version, neighbours]
     raise TypeError(f"not a protocol message: {msg!r}")
 
 
@@ -372,7 +373,7 @@ _LAYOUTS: dict[MsgType, tuple[str, ...]] = {
     MsgType.PONG: ("token",),
     MsgType.NOTICE: ("kind", "data"),
     MsgType.FORWARD: ("publisher", "seq", "attrs", "payload"),
-    MsgType.LINKSTATE: ("broker_id", "version", "neighbours"),
+    MsgType.LINKSTATE: ("broker_id", "vn", "version", "neighbours"),
 }
 
 
@@ -541,12 +542,13 @@ def _build_forward(name: str, raw: list[Any]) -> Forward:
 
 
 def _build_linkstate(name: str, raw: list[Any]) -> LinkState:
-    neighbours = raw[3]
+    neighbours = raw[4]
     if not isinstance(neighbours, list):
         raise InvalidRequest(f"{name} field 'neighbours' must be an array")
     return LinkState(
         _ident(name, "broker_id", raw[1]),
-        _uint(name, "version", raw[2]),
+        _ident(name, "vn", raw[2]),
+        _uint(name, "version", raw[3]),
         [_ident(name, "neighbours", n) for n in neighbours],
     )
 

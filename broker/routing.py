@@ -89,6 +89,18 @@ class Router(Generic[H]):
                     actions.append((hop, Advertise(0, self.global_key(src, key), flt)))
         return actions
 
+    def state_for(self, hop: H) -> list[Message]:
+        """What a neighbour should hold from us: every advertisement not learned from it,
+        and the subscriptions forwarded to it (sent to a replica that joins late)."""
+        messages: list[Message] = []
+        for src, state in self._hops.items():
+            if src is not hop:
+                for key, flt in state.advertisements.items():
+                    messages.append(Advertise(0, self.global_key(src, key), flt))
+        for gkey, flt in self._state(hop).forwarded.items():
+            messages.append(Subscribe(0, gkey, flt))
+        return messages
+
     def remove_hop(self, hop: H) -> Actions[H]:
         """A client left or a link went down: withdraw everything learned through it."""
         state = self._hops.get(hop)

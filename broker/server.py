@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-from broker.config import BrokerConfig, NeighbourConfig
+from broker.config import BrokerConfig, NeighbourConfig, vn_of
 from broker.errors import InvalidRequest, NotAuthorized, ProtocolError, TrellisError
 from broker.protocol import (
     PROTOCOL_VERSION,
@@ -68,6 +68,8 @@ link_log = logging.getLogger("trellis.overlay")
 
 # Matching latency is timed on one publication in 16: the clock calls cost more than a sample.
 _MATCH_SAMPLE_MASK = 15
+# Heartbeats are not counted as control traffic (tests wait for control traffic to settle).
+_HEARTBEATS = (Ping, Pong)
 
 
 class UnknownState(InvalidRequest):
@@ -86,6 +88,7 @@ class Connection(asyncio.Protocol):
         self.peer_id: str | None = None
         self.is_broker = dial_peer is not None
         self.dial_peer = dial_peer
+        self.vnhop: VNHop | None = None
         self.peer = "?"
         self.out: list[bytes] = []
         self.congested = False
@@ -221,7 +224,8 @@ class Connection(asyncio.Protocol):
         if type(msg) is Publish:
             broker.publish(self, msg)
             return
-        broker.stats.count_in(type(msg).__name__.lower())
+        if type(msg) not in _HEARTBEATS:
+            broker.stats.count_in(type(msg).__name__.lower())
         match msg:
             case Subscribe(rid, sub_id, flt):
                 broker.execute(router.subscribe(self, sub_id, flt))
@@ -258,22 +262,33 @@ class Connection(asyncio.Protocol):
         if type(msg) is Forward:
             broker.forward(self, msg)
             return
-        broker.stats.count_in("link_" + type(msg).__name__.lower())
+        if type(msg) not in _HEARTBEATS:
+            broker.stats.count_in("link_" + type(msg).__name__.lower())
+        hop = self.vnhop
+        assert hop is not None
+        assert self.peer_id is not None
+        me = self.peer_id
         match msg:
             case Advertise(_, key, flt):
-                broker.execute(router.advertise(self, key, flt))
+                if hop.vote(me, ("adv", key, flt)):
+                    hop.forget("unadv", key)
+                    broker.execute(router.advertise(hop, key, flt))
             case Unadvertise(_, key):
-                if router.knows_advertisement(self, key):
-                    broker.execute(router.unadvertise(self, key))
-                else:
+                if not router.knows_advertisement(hop, key) and not hop.has_votes("adv", key):
                     self.reject(0, UnknownState(f"UNADVERTISE of unknown advertisement '{key}'"))
+                elif hop.vote(me, ("unadv", key)):
+                    hop.forget("adv", key)
+                    broker.execute(router.unadvertise(hop, key))
             case Subscribe(_, key, flt):
-                broker.execute(router.subscribe(self, key, flt))
+                if hop.vote(me, ("sub", key, flt)):
+                    hop.forget("unsub", key)
+                    broker.execute(router.subscribe(hop, key, flt))
             case Unsubscribe(_, key):
-                if router.knows_subscription(self, key):
-                    broker.execute(router.unsubscribe(self, key))
-                else:
+                if not router.knows_subscription(hop, key) and not hop.has_votes("sub", key):
                     self.reject(0, UnknownState(f"UNSUBSCRIBE of unknown subscription '{key}'"))
+                elif hop.vote(me, ("unsub", key)):
+                    hop.forget("sub", key)
+                    broker.execute(router.unsubscribe(hop, key))
             case LinkState():
                 broker.linkstate_received(self, msg)
             case Ping(token):
@@ -296,17 +311,101 @@ class Connection(asyncio.Protocol):
         self.send(Error(rid, exc.code, exc.message))
 
 
+class SeenPublications:
+    """Which (publisher, seq) this broker has already routed, within a sliding window.
+
+    Copies of one publication arrive from every replica of the upstream VN, in any order
+    across replicas; a window of ``horizon`` sequence numbers per publisher bounds memory.
+    """
+
+    def __init__(self, horizon: int = 65536) -> None:
+        self.horizon = horizon
+        self._seen: dict[str, set[int]] = {}
+        self._floor: dict[str, int] = {}
+
+    def first(self, publisher: str, seq: int) -> bool:
+        """True the first time (publisher, seq) is offered."""
+        if seq < self._floor.get(publisher, 0):
+            return False
+        seen = self._seen.setdefault(publisher, set())
+        if seq in seen:
+            return False
+        seen.add(seq)
+        if len(seen) > 2 * self.horizon:
+            floor = max(seen) - self.horizon
+            self._floor[publisher] = floor
+            self._seen[publisher] = {s for s in seen if s >= floor}
+        return True
+
+
+class VNHop:
+    """A neighbouring virtual node as one hop of the router.
+
+    Messages to it go to every replica whose link is up. Routing messages from it take
+    effect only once a majority of its replicas sent the same entry, so a Byzantine
+    minority can neither inject nor withdraw routing state.
+    """
+
+    is_broker = True
+    closing = False
+
+    def __init__(self, vn: str, size: int) -> None:
+        self.peer_id = vn
+        self.size = size
+        self.quorum = size // 2 + 1
+        self.members: dict[str, Connection] = {}
+        self._votes: dict[tuple[Any, ...], set[str]] = {}
+
+    def __repr__(self) -> str:
+        return f"<vn {self.peer_id} {sorted(self.members)}/{self.size}>"
+
+    def send(self, msg: Message) -> None:
+        for conn in self.members.values():
+            if not conn.closing:
+                conn.send(msg)
+
+    def send_raw(self, data: bytes) -> None:
+        for conn in self.members.values():
+            if not conn.closing:
+                conn.send_raw(data)
+
+    def vote(self, member: str, entry: tuple[Any, ...]) -> bool:
+        """Count ``member``'s vote for ``entry``; True exactly when it reaches the quorum."""
+        voters = self._votes.setdefault(entry, set())
+        if member in voters:
+            return False
+        voters.add(member)
+        return len(voters) == self.quorum
+
+    def has_votes(self, *prefix: Any) -> bool:
+        n = len(prefix)
+        return any(e[:n] == prefix for e in self._votes)
+
+    def forget(self, *prefix: Any) -> None:
+        """Drop the votes on entries starting with ``prefix`` (their outcome is applied)."""
+        n = len(prefix)
+        for entry in [e for e in self._votes if e[:n] == prefix]:
+            del self._votes[entry]
+
+
 class Broker:
     """Shared state of one broker: routing, connections, overlay links, statistics."""
 
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
-        self.router: Router[Connection] = Router(config.id, covering=config.covering)
+        self.vn = vn_of(config)
+        self.router: Router[Any] = Router(self.vn, covering=config.covering)
         self.connections: set[Connection] = set()
         self.clients: dict[str, Connection] = {}
         self.links: dict[str, Connection] = {}
         self.neighbours: dict[str, NeighbourConfig] = {n.id: n for n in config.neighbours}
-        self.linkstate: dict[str, tuple[int, frozenset[str]]] = {}
+        self.vnhops: dict[str, VNHop] = {}
+        for n in config.neighbours:
+            if n.vn_id not in self.vnhops:
+                self.vnhops[n.vn_id] = VNHop(n.vn_id, n.vn_size)
+        # broker id -> (version, its VN, its live links)
+        self.linkstate: dict[str, tuple[int, str, frozenset[str]]] = {}
+        self.seen = SeenPublications()
         self.congested_links: set[Connection] = set()
         self.dirty: list[Connection] = []
         self.stats = BrokerStats()
@@ -379,18 +478,27 @@ class Broker:
         assert conn.peer_id is not None
         self.links[conn.peer_id] = conn
         link_log.info("link %s-%s up (%s)", self.config.id, conn.peer_id, conn.peer)
-        for broker_id, (version, neighbours) in self.linkstate.items():
-            conn.send(LinkState(broker_id, version, sorted(neighbours)))
+        for broker_id, (version, vn, neighbours) in self.linkstate.items():
+            conn.send(LinkState(broker_id, vn, version, sorted(neighbours)))
         self.announce_links()
-        self.execute(self.router.add_neighbour(conn))
+        hop = self.vnhops[self.neighbours[conn.peer_id].vn_id]
+        conn.vnhop = hop
+        first = not hop.members
+        hop.members[conn.peer_id] = conn
+        if first:
+            self.execute(self.router.add_neighbour(hop))
+        else:
+            # Another replica of a VN we already route to: bring it up to date alone.
+            for msg in self.router.state_for(hop):
+                conn.send(msg)
 
     def announce_links(self) -> None:
         """Flood this broker's current neighbour set (versioned by wall clock, so a
         restarted broker's announcements supersede its earlier ones)."""
-        version = max(time.time_ns(), self.linkstate.get(self.config.id, (0, None))[0] + 1)
+        version = max(time.time_ns(), self.linkstate.get(self.config.id, (0,))[0] + 1)
         mine = frozenset(self.links)
-        self.linkstate[self.config.id] = (version, mine)
-        msg = LinkState(self.config.id, version, sorted(mine))
+        self.linkstate[self.config.id] = (version, self.vn, mine)
+        msg = LinkState(self.config.id, self.vn, version, sorted(mine))
         for link in self.links.values():
             link.send(msg)
 
@@ -398,24 +506,26 @@ class Broker:
         known = self.linkstate.get(msg.broker_id)
         if msg.broker_id == self.config.id or (known and known[0] >= msg.version):
             return
-        self.linkstate[msg.broker_id] = (msg.version, frozenset(msg.neighbours))
+        self.linkstate[msg.broker_id] = (msg.version, msg.vn, frozenset(msg.neighbours))
         for link in self.links.values():
             if link is not source:
                 link.send(msg)
 
     def topology_edges(self) -> set[frozenset[str]]:
-        """Links both ends announce (a dead broker's stale claims do not count)."""
+        """VN links whose replicas both announce them (a dead broker's stale claims do
+        not count); the overlay is a tree of VNs, replicas of neighbours all linked."""
         edges = set()
-        for a, (_, neighbours) in self.linkstate.items():
+        for a, (_, vn_a, neighbours) in self.linkstate.items():
             for b in neighbours:
                 other = self.linkstate.get(b)
-                if other is not None and a in other[1]:
-                    edges.add(frozenset((a, b)))
+                if other is not None and a in other[2] and vn_a != other[1]:
+                    edges.add(frozenset((vn_a, other[1])))
         return edges
 
     def cycle_through(self, peer_id: str) -> list[str]:
-        """The path from here to ``peer_id`` in the known overlay, if one exists."""
-        me = self.config.id
+        """The VN path from here to ``peer_id``'s VN in the known overlay, if one exists."""
+        me = self.vn
+        peer_id = self.neighbours[peer_id].vn_id
         adjacency: dict[str, set[str]] = {}
         for edge in self.topology_edges():
             a, b = tuple(edge)
@@ -458,7 +568,7 @@ class Broker:
 
     # -- routing --------------------------------------------------------------------------
 
-    def execute(self, actions: list[tuple[Connection, Message]]) -> None:
+    def execute(self, actions: list[tuple[Any, Message]]) -> None:
         """Send the control messages a routing change produced."""
         for hop, msg in actions:
             if not hop.closing:
@@ -476,7 +586,15 @@ class Broker:
                 self.announce_links()
             elif not conn.is_broker and self.clients.get(conn.peer_id) is conn:
                 del self.clients[conn.peer_id]
-        self.execute(self.router.remove_hop(conn))
+        hop = conn.vnhop
+        if hop is None:
+            self.execute(self.router.remove_hop(conn))
+        elif hop.members.get(conn.peer_id or "") is conn:
+            del hop.members[conn.peer_id or ""]
+            if not hop.members:
+                # The whole neighbouring VN is gone: withdraw what was learned through it.
+                hop.forget()
+                self.execute(self.router.remove_hop(hop))
         self.flush()
 
     def publish(self, source: Connection, msg: Publish) -> None:
@@ -497,13 +615,19 @@ class Broker:
 
     def forward(self, source: Connection, msg: Forward) -> None:
         self.stats.forwards_in += 1
-        self.dispatch(source, msg.publisher, msg.seq, msg.attrs, msg.payload)
+        # Every replica of the upstream VN sends a copy: route the first one only.
+        if self.seen.first(msg.publisher, msg.seq):
+            self.dispatch(source.vnhop, msg.publisher, msg.seq, msg.attrs, msg.payload)
 
     def dispatch(
-        self, source: Connection, publisher: str, seq: int, attrs: dict[str, Any], payload: bytes
+        self, source: Any, publisher: str, seq: int, attrs: dict[str, Any], payload: bytes
     ) -> None:
         """Deliver to matching local subscribers and forward toward matching brokers."""
         stats = self.stats
+        if self.config.byzantine == "drop":
+            return
+        if self.config.byzantine == "corrupt":
+            payload = bytes(b ^ 0x5A for b in payload)
         stats.routed += 1
         if stats.routed & _MATCH_SAMPLE_MASK:
             targets = self.router.route(attrs, source)
