@@ -107,8 +107,9 @@ def _error_from_wire(err: Error) -> TrellisError:
 class _Link(asyncio.Protocol):
     """One TCP connection to a broker; hands decoded frames to its ``Client``."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, index: int) -> None:
         self.client = client
+        self.index = index
         self.decoder = FrameDecoder(max_frame=64 * 1024 * 1024)
         self.transport: asyncio.Transport | None = None
         self.welcome: asyncio.Future[Welcome] = asyncio.get_running_loop().create_future()
@@ -173,6 +174,8 @@ class Subscription:
     """A live subscription: an async iterator of ``Delivery`` objects.
 
     Use it as ``async with client.subscribe(...) as sub``; leaving the block unsubscribes.
+    When the client is connected to the replicas of a virtual node, each publication is
+    delivered once, in per-publisher order, as soon as ``f + 1`` replicas agree on it.
     """
 
     def __init__(self, client: Client, flt: Filter, sub_id: str, queue_size: int) -> None:
@@ -185,6 +188,10 @@ class Subscription:
         self.dropped = 0
         self._reported_dropped = 0
         self.active = False
+        self._threshold = client.fault_tolerance + 1
+        self._delivered: dict[str, int] = {}
+        # publisher -> seq -> content -> (delivery, replicas that sent it)
+        self._copies: dict[str, dict[int, dict[Any, tuple[Delivery, set[int]]]]] = {}
 
     @property
     def pending(self) -> int:
@@ -202,6 +209,35 @@ class Subscription:
         """Stop the subscription; messages already queued can still be read."""
         if self.active:
             await self.client._stop_subscription(self)
+
+    def _offer(self, replica: int, delivery: Delivery) -> None:
+        """A copy from one replica: deliver once ``f + 1`` replicas sent the same content.
+
+        An honest replica forwards every matching publication in publisher order, so when
+        ``f + 1`` replicas (one of them honest) confirm seq n, every earlier publication
+        that matches has arrived from that honest replica already: deliver those first.
+        """
+        if self._threshold == 1:
+            last = self._delivered.get(delivery.publisher, 0)
+            if delivery.seq > last:
+                self._delivered[delivery.publisher] = delivery.seq
+                self._deliver(delivery)
+            return
+        publisher, seq = delivery.publisher, delivery.seq
+        if seq <= self._delivered.get(publisher, 0):
+            return
+        versions = self._copies.setdefault(publisher, {}).setdefault(seq, {})
+        content = (delivery.payload, tuple(sorted(delivery.attrs.items())))
+        _, replicas = versions.setdefault(content, (delivery, set()))
+        replicas.add(replica)
+        if len(replicas) < self._threshold:
+            return
+        pending = self._copies[publisher]
+        for earlier in sorted(s for s in pending if s <= seq):
+            candidates = pending.pop(earlier)
+            best, _ = max(candidates.values(), key=lambda item: len(item[1]))
+            self._deliver(best)
+        self._delivered[publisher] = seq
 
     def _deliver(self, delivery: Delivery) -> None:
         if self._queue.qsize() >= self._limit:
@@ -251,17 +287,49 @@ class Subscription:
             raise TrellisTimeout(f"no delivery on {self.id} within {timeout} s") from None
 
 
+class _Pending:
+    """An acknowledged request sent to several replicas: settled by a majority."""
+
+    __slots__ = ("acks", "errors", "future", "needed", "waiting")
+
+    def __init__(self, needed: int, waiting: set[int]) -> None:
+        self.future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.needed = needed
+        self.waiting = waiting
+        self.acks = 0
+        self.errors: list[TrellisError] = []
+
+    def answer(self, replica: int, error: TrellisError | None = None) -> None:
+        if replica not in self.waiting or self.future.done():
+            return
+        self.waiting.discard(replica)
+        if error is None:
+            self.acks += 1
+        else:
+            self.errors.append(error)
+        if self.acks >= self.needed:
+            self.future.set_result(None)
+        elif self.acks + len(self.waiting) < self.needed:
+            real = [e for e in self.errors if not isinstance(e, ConnectionLost)]
+            self.future.set_exception((real or self.errors)[0])
+
+
 class Client:
-    """An asynchronous connection to a Trellis broker (or to one of several endpoints).
+    """An asynchronous connection to a Trellis virtual node: one broker or its replicas.
 
     Args:
-        endpoints: ``"host:port"`` or a list of them (tried in turn).
+        endpoints: ``"host:port"``, or the list of replicas of the client's edge virtual
+            node; the client keeps a connection to each, publishes and subscribes through
+            all of them, and tolerates ``f = (n - 1) // 2`` faulty ones.
         client_id: this client's identity; publications carry it as ``publisher``.
-        connect_timeout: bound on the first connection, retries included.
+        connect_timeout: bound on the first connection (a majority of replicas), retries
+            included.
         request_timeout: bound on every acknowledged request.
-        reconnect: reconnect after losing the broker (subscriptions are restored).
+        reconnect: reconnect after losing a broker (its subscriptions are restored).
         max_backoff: largest pause between reconnection attempts, in seconds.
         queue_size: default bound of each subscription's queue.
+        first_seq: sequence number of the first publication (a publisher that restarts
+            under the same ``client_id`` continues its numbering here).
     """
 
     def __init__(
@@ -274,6 +342,7 @@ class Client:
         reconnect: bool = True,
         max_backoff: float = 5.0,
         queue_size: int = 10_000,
+        first_seq: int = 1,
     ) -> None:
         eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not eps:
@@ -287,18 +356,21 @@ class Client:
         self.queue_size = queue_size
         self.max_frame = DEFAULT_MAX_FRAME
         self.broker_id: str | None = None
+        replicas = len(self.endpoints)
+        self.fault_tolerance = (replicas - 1) // 2
+        self.quorum = replicas // 2 + 1
         self._status = Status.DISCONNECTED
-        self._link: _Link | None = None
+        self._links: dict[int, _Link] = {}
         self._rids = itertools.count(1)
         self._sub_ids = itertools.count(1)
-        self._seq = 0
-        self._pending: dict[int, asyncio.Future[None]] = {}
+        self._seq = first_seq - 1
+        self._pending: dict[int, _Pending] = {}
         self._advertisements: dict[str, Filter] = {}
         self._subscriptions: dict[str, Subscription] = {}
         self._connected = asyncio.Event()
         self._disconnected = asyncio.Event()
         self._disconnected.set()
-        self._supervisor: asyncio.Task[None] | None = None
+        self._supervisors: list[asyncio.Task[None]] = []
         self._entered = False
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -327,36 +399,29 @@ class Client:
             self._entered = False
 
     async def connect(self) -> None:
-        """Connect to the first reachable endpoint, within ``connect_timeout``.
+        """Connect to the replicas, returning once a majority is up (within
+        ``connect_timeout``); the rest keep being tried in the background.
 
         Raises:
-            TrellisTimeout: no endpoint answered in time.
-            ProtocolError / NotAuthorized: a broker refused the handshake.
+            TrellisTimeout: no majority of endpoints answered in time.
         """
         self._status = Status.CONNECTING
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.connect_timeout
-        attempt = 0
-        last: Exception | None = None
-        while loop.time() < deadline:
-            host, port = self.endpoints[attempt % len(self.endpoints)]
-            try:
-                await asyncio.wait_for(self._open(host, port), max(0.01, deadline - loop.time()))
-                break
-            except (OSError, ConnectionLost, TimeoutError) as exc:
-                last = exc
-                attempt += 1
-                await asyncio.sleep(min(self._backoff(attempt), max(0.0, deadline - loop.time())))
-        else:
+        self._supervisors = [
+            asyncio.create_task(self._supervise(i), name=f"trellis-{self.client_id}-{i}")
+            for i in range(len(self.endpoints))
+        ]
+        try:
+            await asyncio.wait_for(self._connected.wait(), self.connect_timeout)
+        except TimeoutError:
+            errors = "; ".join(f"{h}:{p}" for h, p in self.endpoints)
+            await self._stop_supervisors()
             self._status = Status.DISCONNECTED
             raise TrellisTimeout(
-                f"could not connect to {self._endpoints_text()} within {self.connect_timeout:g} s"
-                f" (last error: {last})"
-            )
-        self._supervisor = asyncio.create_task(self._supervise(), name=f"trellis-{self.client_id}")
+                f"could not connect to {errors} within {self.connect_timeout:g} s"
+            ) from None
 
     async def connected(self) -> None:
-        """Wait until the client is connected."""
+        """Wait until the client is connected (to a majority of replicas)."""
         await self._connected.wait()
 
     async def disconnected(self) -> None:
@@ -367,34 +432,41 @@ class Client:
         """Finish in-flight work: wait for outstanding acknowledgements and a broker round trip."""
         timeout = self.request_timeout if timeout is None else timeout
         if self._pending:
-            await asyncio.wait_for(
-                asyncio.gather(*self._pending.values(), return_exceptions=True), timeout
-            )
+            futures = [p.future for p in self._pending.values()]
+            await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), timeout)
         if self._status is Status.CONNECTED:
             await self.flush(timeout)
 
     async def flush(self, timeout: float | None = None) -> None:
-        """Round trip to the broker: everything sent before has been processed after it."""
+        """Round trip to the brokers: everything sent before has been processed after it."""
         await self._request(Ping, timeout)
 
     async def close(self) -> None:
-        """Close the connection now; queued deliveries stay readable."""
+        """Close the connections now; queued deliveries stay readable."""
         self._status = Status.CLOSED
-        if self._supervisor is not None:
-            self._supervisor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._supervisor
-            self._supervisor = None
-        link, self._link = self._link, None
-        if link is not None and link.transport is not None:
-            link.transport.close()
+        await self._stop_supervisors()
+        links, self._links = list(self._links.values()), {}
+        for link in links:
+            if link.transport is not None:
+                link.transport.close()
+        for link in links:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(link.lost), 1.0)
-        self._fail_pending(ConnectionLost("client closed"))
+        for pending in self._pending.values():
+            if not pending.future.done():
+                pending.future.set_exception(ConnectionLost("client closed"))
         for sub in self._subscriptions.values():
             sub._end()
         self._connected.clear()
         self._disconnected.set()
+
+    async def _stop_supervisors(self) -> None:
+        tasks, self._supervisors = self._supervisors, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     # -- requests -----------------------------------------------------------------------
 
@@ -406,8 +478,12 @@ class Client:
         """
         parsed = parse_filter(flt) if isinstance(flt, str) else flt
         adv_id = adv_id or f"a{next(self._sub_ids)}"
-        await self._request(lambda rid: Advertise(rid, adv_id, parsed))
         self._advertisements[adv_id] = parsed
+        try:
+            await self._request(lambda rid: Advertise(rid, adv_id, parsed))
+        except BaseException:
+            self._advertisements.pop(adv_id, None)
+            raise
         return adv_id
 
     async def unadvertise(self, adv_id: str) -> None:
@@ -420,9 +496,10 @@ class Client:
     ) -> int:
         """Publish one message; returns its sequence number.
 
-        With ``ack=True`` (default) returns once the broker acknowledged it. With
-        ``ack=False`` returns as soon as the connection has room (flow control), which is
-        how to stream at full speed; call ``drain()`` or ``flush()`` to know it arrived.
+        With ``ack=True`` (default) returns once the broker (a majority of replicas)
+        acknowledged it. With ``ack=False`` returns as soon as the connections have room
+        (flow control), which is how to stream at full speed; call ``drain()`` or
+        ``flush()`` to know it arrived.
 
         Raises:
             InvalidRequest: the attributes are not a map of str to str/int/float/bool.
@@ -445,10 +522,15 @@ class Client:
         if ack:
             await self._request(lambda rid: Publish(rid, seq, attrs, payload))
             return seq
-        link = self._link
-        if link is None or self._status is not Status.CONNECTED or not link.can_write.is_set():
-            link = await self._writable_link()
-        link.send(Publish(0, seq, attrs, payload))
+        links = self._links
+        if len(links) == 1 and self._status is Status.CONNECTED:
+            (link,) = links.values()
+            if link.can_write.is_set():
+                link.send(Publish(0, seq, attrs, payload))
+                return seq
+        msg = Publish(0, seq, attrs, payload)
+        for link in await self._writable_links():
+            link.send(msg)
         return seq
 
     def subscribe(self, flt: str | Filter, *, queue_size: int | None = None) -> Subscription:
@@ -479,95 +561,135 @@ class Client:
 
     # -- internals ----------------------------------------------------------------------
 
-    def _endpoints_text(self) -> str:
-        return ", ".join(f"{h}:{p}" for h, p in self.endpoints)
-
     def _backoff(self, attempt: int) -> float:
         return random.uniform(0, min(self.max_backoff, 0.05 * 2**attempt))
 
-    async def _writable_link(self) -> _Link:
-        while True:
-            link = self._link
-            if link is None or self._status is not Status.CONNECTED:
-                if self._status is Status.CLOSED or not self.reconnect:
-                    raise ConnectionLost("not connected to a broker")
-                await asyncio.wait_for(self._connected.wait(), self.request_timeout)
-                continue
-            if not link.can_write.is_set():
-                await asyncio.wait_for(link.can_write.wait(), self.request_timeout)
-                continue
-            return link
-
-    async def _request(self, make: Any, timeout: float | None = None) -> None:
-        link = await self._writable_link()
-        rid = next(self._rids)
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending[rid] = fut
+    async def _wait_connected(self) -> None:
+        if self._status is Status.CLOSED or (
+            not self.reconnect and self._status is not Status.CONNECTED
+        ):
+            raise ConnectionLost("not connected to a broker")
         try:
-            link.send(make(rid))
-            await asyncio.wait_for(fut, self.request_timeout if timeout is None else timeout)
+            await asyncio.wait_for(self._connected.wait(), self.request_timeout)
+        except TimeoutError:
+            raise ConnectionLost(
+                f"no majority of brokers reachable within {self.request_timeout:g} s"
+            ) from None
+
+    async def _writable_links(self) -> list[_Link]:
+        """Connected links, once a majority of them has room to write."""
+        while True:
+            if self._status is not Status.CONNECTED:
+                await self._wait_connected()
+                continue
+            links = list(self._links.values())
+            blocked = [link for link in links if not link.can_write.is_set()]
+            if len(links) - len(blocked) >= self.quorum:
+                return links
+            await asyncio.wait_for(blocked[0].can_write.wait(), self.request_timeout)
+
+    async def _request(
+        self, make: Any, timeout: float | None = None, only: _Link | None = None
+    ) -> None:
+        if only is None:
+            if self._status is not Status.CONNECTED:
+                await self._wait_connected()
+            links = list(self._links.values())
+            needed = self.quorum
+        else:
+            links, needed = [only], 1
+        rid = next(self._rids)
+        pending = _Pending(needed, {link.index for link in links})
+        self._pending[rid] = pending
+        try:
+            msg = make(rid)
+            for link in links:
+                try:
+                    link.send(msg)
+                except ConnectionLost as exc:
+                    pending.answer(link.index, exc)
+            await asyncio.wait_for(
+                asyncio.shield(pending.future), self.request_timeout if timeout is None else timeout
+            )
         except TimeoutError:
             raise TrellisTimeout(
                 f"broker did not answer within {self.request_timeout:g} s"
             ) from None
         finally:
             self._pending.pop(rid, None)
+            if not pending.future.done():
+                pending.future.cancel()
 
-    async def _open(self, host: str, port: int) -> None:
+    async def _open(self, index: int) -> _Link:
+        host, port = self.endpoints[index]
         loop = asyncio.get_running_loop()
-        _, link = await loop.create_connection(lambda: _Link(self), host, port)
+        _, link = await loop.create_connection(lambda: _Link(self, index), host, port)
         link.send(Hello(PROTOCOL_VERSION, Role.CLIENT, self.client_id, {}))
         welcome = await link.welcome
         self.broker_id = welcome.broker_id
         self.max_frame = int(welcome.options.get("max_frame", DEFAULT_MAX_FRAME))
-        self._link = link
-        self._status = Status.CONNECTED
-        self._connected.set()
-        self._disconnected.clear()
-        log.debug("%s connected to broker %s at %s:%d", self.client_id, self.broker_id, host, port)
+        log.debug(
+            "%s connected to broker %s at %s:%d", self.client_id, welcome.broker_id, host, port
+        )
+        return link
 
-    async def _restore(self) -> None:
-        """Re-send advertisements and subscriptions after a reconnect."""
+    async def _restore(self, link: _Link) -> None:
+        """Re-send advertisements and subscriptions to one (re)connected broker."""
         for adv_id, flt in list(self._advertisements.items()):
-            await self._request(lambda rid, a=adv_id, f=flt: Advertise(rid, a, f))
+            await self._request(lambda rid, a=adv_id, f=flt: Advertise(rid, a, f), only=link)
         for sub in list(self._subscriptions.values()):
-            await self._request(lambda rid, s=sub: Subscribe(rid, s.id, s.filter))
+            await self._request(lambda rid, s=sub: Subscribe(rid, s.id, s.filter), only=link)
 
-    async def _supervise(self) -> None:
+    def _update_status(self) -> None:
+        if self._status is Status.CLOSED:
+            return
+        if len(self._links) >= self.quorum:
+            self._status = Status.CONNECTED
+            self._connected.set()
+            self._disconnected.clear()
+        else:
+            self._status = Status.DISCONNECTED
+            self._connected.clear()
+            self._disconnected.set()
+
+    async def _supervise(self, index: int) -> None:
+        """Keep the connection to one endpoint open, restoring state on every reconnect."""
         attempt = 0
+        first = True
         while self._status is not Status.CLOSED:
-            link = self._link
-            if link is not None:
-                await asyncio.shield(link.lost)
-            if self._status is Status.CLOSED or not self.reconnect:
-                return
-            self._status = Status.CONNECTING
-            attempt += 1
-            await asyncio.sleep(self._backoff(attempt))
-            host, port = self.endpoints[attempt % len(self.endpoints)]
+            if not first:
+                if not self.reconnect:
+                    return
+                attempt += 1
+                await asyncio.sleep(self._backoff(attempt))
+            first = False
+            host, port = self.endpoints[index]
             try:
-                await asyncio.wait_for(self._open(host, port), self.connect_timeout)
-                await self._restore()
-                attempt = 0
-                log.info("%s reconnected to %s:%d", self.client_id, host, port)
+                link = await asyncio.wait_for(self._open(index), self.connect_timeout)
             except (OSError, TrellisError, TimeoutError) as exc:
-                log.debug("reconnect to %s:%d failed: %s", host, port, exc)
-                self._link = None
+                log.debug("connect to %s:%d failed: %s", host, port, exc)
+                continue
+            try:
+                await self._restore(link)
+            except (TrellisError, TimeoutError) as exc:
+                log.debug("restoring state at %s:%d failed: %s", host, port, exc)
+                if link.transport is not None:
+                    link.transport.close()
+                continue
+            self._links[index] = link
+            self._update_status()
+            if attempt:
+                log.info("%s reconnected to %s:%d", self.client_id, host, port)
+            attempt = 0
+            await asyncio.shield(link.lost)
 
     def _on_lost(self, link: _Link) -> None:
-        if link is not self._link:
-            return
-        self._connected.clear()
-        self._disconnected.set()
-        if self._status is not Status.CLOSED:
-            self._status = Status.DISCONNECTED
         reason = link.fatal or ConnectionLost("connection to the broker was lost")
-        self._fail_pending(reason)
-
-    def _fail_pending(self, exc: TrellisError) -> None:
-        for fut in self._pending.values():
-            if not fut.done():
-                fut.set_exception(exc)
+        for pending in list(self._pending.values()):
+            pending.answer(link.index, reason)
+        if self._links.get(link.index) is link:
+            del self._links[link.index]
+            self._update_status()
 
     def _on_message(self, link: _Link, msg: Message) -> None:
         if type(msg) is Deliver:
@@ -575,27 +697,20 @@ class Client:
             for sid in msg.sub_ids:
                 sub = subs.get(sid)
                 if sub is not None:
-                    sub._deliver(Delivery(msg.attrs, msg.payload, msg.publisher, msg.seq, sid))
+                    sub._offer(
+                        link.index, Delivery(msg.attrs, msg.payload, msg.publisher, msg.seq, sid)
+                    )
             return
         match msg:
-            case Deliver(sub_ids, publisher, seq, attrs, payload):
-                for sid in sub_ids:
-                    sub = self._subscriptions.get(sid)
-                    if sub is not None:
-                        sub._deliver(Delivery(attrs, payload, publisher, seq, sid))
-            case Ack(rid):
-                fut = self._pending.get(rid)
-                if fut is not None and not fut.done():
-                    fut.set_result(None)
-            case Pong(token):
-                fut = self._pending.get(token)
-                if fut is not None and not fut.done():
-                    fut.set_result(None)
+            case Ack(rid) | Pong(rid):
+                pending = self._pending.get(rid)
+                if pending is not None:
+                    pending.answer(link.index)
             case Error(rid, code, message):
                 exc = _error_from_wire(msg)
-                fut = self._pending.get(rid) if rid else None
-                if fut is not None and not fut.done():
-                    fut.set_exception(exc)
+                pending = self._pending.get(rid) if rid else None
+                if pending is not None:
+                    pending.answer(link.index, exc)
                 elif rid == 0:
                     log.warning("broker closed the connection: %s: %s", code, message)
                     link.fatal = exc

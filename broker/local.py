@@ -55,27 +55,80 @@ def fetch_text(url: str, timeout: float = 2.0) -> str:
         return response.read().decode()
 
 
+def replica_ids(vn: str, replicas: int) -> list[str]:
+    """Broker ids of a VN's replicas: the VN's own id when it has a single replica."""
+    return [vn] if replicas == 1 else [f"{vn}.{i}" for i in range(replicas)]
+
+
 @dataclass
 class LocalOverlay:
-    """Broker processes started from one tree, and where they listen."""
+    """Broker processes started from a tree of virtual nodes, and where they listen.
+
+    Each tree node is a VN of ``replicas[vn]`` brokers (default 1); every replica links to
+    every replica of each neighbouring VN.
+    """
 
     workdir: Path
     tree: Tree
     brokers: dict[str, BrokerProcess] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
+    replicas: dict[str, int] = field(default_factory=dict)
+    # Per-broker settings on top of ``settings`` (e.g. fault injection).
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Neighbours a broker accepts beyond its tree links (tests of refused links use this).
     extra_neighbours: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+
+    def replicas_of(self, vn: str) -> list[str]:
+        return replica_ids(vn, self.replicas.get(vn, 1))
+
+    @property
+    def broker_ids(self) -> list[str]:
+        return [b for vn in sorted(self.tree.brokers) for b in self.replicas_of(vn)]
+
+    def vn_of(self, broker_id: str) -> str:
+        for vn in self.tree.brokers:
+            if broker_id in self.replicas_of(vn):
+                return vn
+        raise OverlayError(f"no broker '{broker_id}' in this overlay")
 
     def endpoint(self, broker_id: str) -> str:
         return f"127.0.0.1:{self.ports[broker_id]}"
 
+    def endpoints(self, vn: str) -> list[str]:
+        """Every replica of a VN, as a client of that VN connects to them."""
+        return [self.endpoint(b) for b in self.replicas_of(vn)]
+
+    def expected_links(self, broker_id: str) -> set[str]:
+        vn = self.vn_of(broker_id)
+        return {b for n in self.tree.neighbours(vn) for b in self.replicas_of(n)}
+
     def config_for(self, broker_id: str) -> dict[str, Any]:
-        neighbours = [
-            {"id": n, "endpoint": self.endpoint(n)} for n in sorted(self.tree.neighbours(broker_id))
-        ]
+        vn = self.vn_of(broker_id)
+        neighbours = []
+        for n in sorted(self.tree.neighbours(vn)):
+            members = self.replicas_of(n)
+            neighbours += [
+                {
+                    "id": b,
+                    "endpoint": self.endpoint(b),
+                    "vn": n,
+                    "replica": i,
+                    "vn_size": len(members),
+                }
+                for i, b in enumerate(members)
+            ]
         neighbours += self.extra_neighbours.get(broker_id, [])
-        return {"admin_port": 0, **self.settings, "neighbours": neighbours}
+        mine = self.replicas_of(vn)
+        return {
+            "admin_port": 0,
+            **self.settings,
+            **self.overrides.get(broker_id, {}),
+            "vn": vn,
+            "replica": mine.index(broker_id),
+            "vn_size": len(mine),
+            "neighbours": neighbours,
+        }
 
     def start(self, broker_id: str) -> BrokerProcess:
         """Start (or restart, on the same port) one broker of the overlay."""
@@ -95,7 +148,7 @@ class LocalOverlay:
                 health = fetch_json(proc.admin_url + "/healthz")
             except OSError:
                 return False
-            if set(health["links"]) != set(self.tree.neighbours(broker_id)):
+            if set(health["links"]) != self.expected_links(broker_id):
                 return False
         return True
 
@@ -148,6 +201,7 @@ class LocalOverlay:
                 for b, p in sorted(self.brokers.items())
             ],
             "links": [sorted(link) for link in sorted(self.tree.links)],
+            "vns": {vn: self.replicas_of(vn) for vn in sorted(self.tree.brokers)},
         }
 
     def save(self) -> None:
@@ -158,12 +212,24 @@ class LocalOverlay:
 
 
 def start_overlay(
-    workdir: Path, tree: Tree, settings: dict[str, Any] | None = None, wait: bool = True
+    workdir: Path,
+    tree: Tree,
+    settings: dict[str, Any] | None = None,
+    *,
+    wait: bool = True,
+    replicas: dict[str, int] | None = None,
+    overrides: dict[str, dict[str, Any]] | None = None,
 ) -> LocalOverlay:
-    """Start one broker process per tree node, linked as the tree says."""
+    """Start the broker processes of every VN of ``tree``, linked as the tree says."""
     workdir.mkdir(parents=True, exist_ok=True)
-    names = sorted(tree.brokers)
-    overlay = LocalOverlay(workdir, tree, settings=dict(settings or {}))
+    overlay = LocalOverlay(
+        workdir,
+        tree,
+        settings=dict(settings or {}),
+        replicas=dict(replicas or {}),
+        overrides=dict(overrides or {}),
+    )
+    names = overlay.broker_ids
     overlay.ports = dict(zip(names, free_ports(len(names)), strict=True))
     try:
         for name in names:
