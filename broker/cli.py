@@ -155,11 +155,38 @@ def tree_for(topology: str, brokers: int, seed: int) -> Any:
     return Tree.from_dict(json.loads(Path(topology).read_text()))
 
 
+def replica_counts(text: str, vns: list[str]) -> dict[str, int]:
+    """``--replicas 3`` (every VN) or ``--replicas 3,1,5`` (one per VN, in order)."""
+    counts = [int(part) for part in text.split(",")]
+    if len(counts) == 1:
+        counts *= len(vns)
+    if len(counts) != len(vns) or min(counts) < 1:
+        raise ValueError(f"--replicas needs 1 or {len(vns)} positive counts, got {text!r}")
+    return dict(zip(vns, counts, strict=True))
+
+
+def byzantine_modes(items: list[str]) -> dict[str, dict[str, str]]:
+    """``--byzantine b1.0=drop`` (repeatable) as per-broker config overrides."""
+    overrides = {}
+    for item in items:
+        broker_id, sep, mode = item.partition("=")
+        if not sep:
+            raise ValueError(f"--byzantine takes BROKER=MODE, got {item!r}")
+        overrides[broker_id] = {"byzantine": mode}
+    return overrides
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from broker.local import start_overlay
 
-    tree = tree_for(args.topology, args.brokers, args.seed)
-    overlay = start_overlay(Path(args.dir), tree, {"covering": not args.no_covering})
+    tree = tree_for(args.topology, args.vns, args.seed)
+    overlay = start_overlay(
+        Path(args.dir),
+        tree,
+        {"covering": not args.no_covering},
+        replicas=replica_counts(args.replicas, sorted(tree.brokers)),
+        overrides=byzantine_modes(args.byzantine),
+    )
     print(json.dumps(overlay.describe(), indent=2))
     return 0
 
@@ -249,7 +276,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sub)
 
     p = sub.add_parser("up", help="start a local overlay of broker processes")
-    p.add_argument("--brokers", type=int, default=5, help="number of brokers")
+    p.add_argument("--vns", "--brokers", type=int, default=5, help="number of tree nodes (VNs)")
+    p.add_argument(
+        "--replicas", default="1", help="replicas per VN: one count, or one per VN ('3,1,3')"
+    )
+    p.add_argument(
+        "--byzantine",
+        action="append",
+        default=[],
+        metavar="BROKER=MODE",
+        help="fault injection: drop, corrupt, equivocate or collude (repeatable)",
+    )
     p.add_argument(
         "--topology", default="line", help="line, star, random, or a JSON file (overlay.tree)"
     )
@@ -286,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         setup_logging("warning")
     try:
         return int(args.func(args) or 0)
-    except TrellisError as exc:
+    except (TrellisError, ValueError) as exc:
         print(f"trellis {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
