@@ -1,0 +1,706 @@
+"""Iterative share propagation across virtual nodes, and robust, blaming reconstruction (SPEC §3).
+
+Vocabulary. A publication travels along a path of virtual nodes VN_1 .. VN_h; VN_d has r_d
+replicas and threshold k_d = floor((r_d - 1) / 2) + 1. Its key K is the root of a tree of
+shares: the publisher splits K with (k_1, r_1) and sends share j to replica j of VN_1; a replica
+of VN_d that holds a share re-splits it with (k_{d+1}, r_{d+1}) and sends sub-share j to replica
+j of VN_{d+1}; replicas of VN_h hand their shares to the subscriber, which thus gets up to
+prod(r_d) *leaves*. A share is named by its *lineage*: the replica index (0-based; Shamir x =
+index + 1) at every level, so replica j of VN_d holds exactly the shares whose lineage ends in j.
+The share with lineage p is a *node*; the broker holding it is ``holder(p)``, and when it splits
+p it is the *splitter* of p (the publisher splits the root ``()``).
+
+Commitments. What is shared at every level is the parent's *opening* ``salt || data`` (the root
+shares K itself), and every split is published as a :class:`SplitCert`: the splitter's Ed25519
+signature over (publication id, node, k, r, splitter id, SHA-256 commitments of the r child
+openings). A record carries the certificates of all its ancestors' splits, so any reconstructed
+value can be checked against the commitment its own splitter's parent signed, at every level.
+The 16-byte random salt keeps a commitment hiding even to colluders who hold other shares of the
+same split; sharing the salt onward (it is part of the opening) lets the subscriber recompute it.
+
+Robust reconstruction (:func:`reconstruct`) works bottom-up in time linear in the number of
+leaves times the split width: a node's candidate value is the Shamir combination of those
+children whose recovered values match the commitments of a certificate of that node, and extra
+matching children must agree with it. Blame is only ever laid on proof, so no honest broker is
+blamed: see :class:`Fault` for each rule and why it is sound. Soundness of the delivering-replica
+and silence rules assumes every honest broker runs :class:`ShareInbox` on what it receives and
+re-splits only records the inbox accepted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import NamedTuple
+
+import msgpack
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from security import shamir
+from security.envelope import Signer
+
+__all__ = [
+    "SALT_SIZE",
+    "Blame",
+    "ChainVerifier",
+    "Fault",
+    "Member",
+    "PathView",
+    "PropagationError",
+    "Reconstruction",
+    "ShareInbox",
+    "ShareRecord",
+    "SplitCert",
+    "commitment",
+    "confidentiality_free",
+    "pack_record",
+    "publisher_split",
+    "reconstruct",
+    "resplit",
+    "silent_senders",
+    "threshold_for",
+    "unpack_record",
+]
+
+SALT_SIZE = 16
+_DIGEST_SIZE = 32
+_COMMIT_DOMAIN = b"trellis/share-commitment/v1\x00"
+_CERT_DOMAIN = "trellis/split-cert/v1"
+
+Lineage = tuple[int, ...]
+
+
+class PropagationError(ValueError):
+    """Input to the propagation functions is malformed (a bug or a garbled frame)."""
+
+
+def threshold_for(r: int) -> int:
+    """The threshold of a VN with ``r`` replicas: k = f + 1 with f = floor((r - 1) / 2)."""
+    if type(r) is not int or r < 1:
+        raise PropagationError(f"replica count must be a positive int, got {r!r}")
+    return (r - 1) // 2 + 1
+
+
+def confidentiality_free(r: int) -> bool:
+    """True when a VN of ``r`` replicas cannot keep keys from its own brokers (k = 1: r < 3)."""
+    return r < 3
+
+
+def commitment(opening: bytes) -> bytes:
+    """The SHA-256 commitment to one share opening (``salt || data``)."""
+    return hashlib.sha256(_COMMIT_DOMAIN + opening).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A broker (or the publisher) as verifiers know it: id and Ed25519 public key."""
+
+    id: str
+    public_key: Ed25519PublicKey = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class PathView:
+    """What a verifier must know about one publication's path: who may sign which split.
+
+    Attributes:
+        publisher: the publisher (signer of the root split).
+        vns: the replicas of VN_1 .. VN_h in replica-index order; replica j of VN_d holds the
+            shares whose lineage ends in j at level d. The broker must pass the membership that
+            was in force when the publication was split (a replica switch changes r and k).
+    """
+
+    publisher: Member
+    vns: tuple[tuple[Member, ...], ...]
+
+    def __post_init__(self) -> None:
+        if not self.vns or any(not vn for vn in self.vns):
+            raise PropagationError("a path needs at least one VN, each with at least one replica")
+        if any(len(vn) > shamir.MAX_SHARES for vn in self.vns):
+            raise PropagationError(f"a VN may have at most {shamir.MAX_SHARES} replicas")
+
+    @property
+    def depth(self) -> int:
+        """h, the number of VNs on the path."""
+        return len(self.vns)
+
+    def scheme(self, level: int) -> tuple[int, int]:
+        """(k, r) of the split whose children live at ``level`` (1-based VN index)."""
+        r = len(self.vns[level - 1])
+        return threshold_for(r), r
+
+    def splitter(self, node: Lineage) -> Member:
+        """The broker entitled to split ``node`` (the publisher for the root)."""
+        return self.publisher if not node else self.vns[len(node) - 1][node[-1]]
+
+    def holder(self, lineage: Lineage) -> Member:
+        """The replica that holds the share with this (non-empty) lineage."""
+        return self.vns[len(lineage) - 1][lineage[-1]]
+
+
+@dataclass(frozen=True, slots=True)
+class SplitCert:
+    """A splitter's signed statement of one split: the commitments to all r child openings.
+
+    Two different certificates signed for the same (publication, node) are a proof that the
+    splitter equivocated.
+    """
+
+    pub_id: bytes
+    node: Lineage
+    k: int
+    r: int
+    splitter: str
+    commitments: tuple[bytes, ...]
+    signature: bytes
+
+    def signed_bytes(self) -> bytes:
+        """The canonical msgpack bytes the signature covers."""
+        return _cert_bytes(
+            self.pub_id,
+            self.node,
+            self.k,
+            self.r,
+            splitter=self.splitter,
+            commitments=self.commitments,
+        )
+
+
+def _cert_bytes(
+    pub_id: bytes, node: Lineage, k: int, r: int, *, splitter: str, commitments: Sequence[bytes]
+) -> bytes:
+    return msgpack.packb(
+        [_CERT_DOMAIN, pub_id, list(node), k, r, splitter, list(commitments)], use_bin_type=True
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ShareRecord:
+    """One share of a publication's key in flight, with everything needed to verify it.
+
+    Attributes:
+        pub_id: the publication id.
+        lineage: replica index at every level so far (len = the VN level of the holder).
+        certs: certs[d] is the split of ``lineage[:d]``; one per level.
+        salt: this share's commitment salt.
+        data: the Shamir share (of the parent's opening, or of K at level 1).
+    """
+
+    pub_id: bytes
+    lineage: Lineage
+    certs: tuple[SplitCert, ...]
+    salt: bytes
+    data: bytes
+
+    @property
+    def level(self) -> int:
+        """The VN level of the replica that holds this share (1 = the publisher's edge VN)."""
+        return len(self.lineage)
+
+    @property
+    def schemes(self) -> tuple[tuple[int, int], ...]:
+        """(k, r) used at every level, from the publisher's split down."""
+        return tuple((cert.k, cert.r) for cert in self.certs)
+
+    @property
+    def opening(self) -> bytes:
+        """``salt || data``: what the commitment covers and what the next split shares."""
+        return self.salt + self.data
+
+
+def _split_node(
+    secret: bytes,
+    pub_id: bytes,
+    node: Lineage,
+    parent_certs: tuple[SplitCert, ...],
+    *,
+    k: int,
+    r: int,
+    signer: Signer,
+) -> list[ShareRecord]:
+    shares = shamir.split(secret, k, r)
+    salts = os.urandom(SALT_SIZE * r)
+    openings = [
+        (salts[j * SALT_SIZE : (j + 1) * SALT_SIZE], share.data) for j, share in enumerate(shares)
+    ]
+    commitments = tuple(commitment(salt + data) for salt, data in openings)
+    signature = signer.sign(
+        _cert_bytes(pub_id, node, k, r, splitter=signer.id, commitments=commitments)
+    )
+    cert = SplitCert(pub_id, node, k, r, signer.id, commitments, signature)
+    certs = (*parent_certs, cert)
+    return [
+        ShareRecord(pub_id, (*node, j), certs, salt, data)
+        for j, (salt, data) in enumerate(openings)
+    ]
+
+
+def _check_scheme(k: int, r: int) -> None:
+    if type(r) is not int or not 1 <= r <= shamir.MAX_SHARES:
+        raise PropagationError(f"r must be an int in 1..{shamir.MAX_SHARES}, got {r!r}")
+    if k != threshold_for(r):
+        raise PropagationError(f"k must be threshold_for({r}) = {threshold_for(r)}, got {k!r}")
+
+
+def publisher_split(key: bytes, k: int, n: int, signer: Signer, pub_id: bytes) -> list[ShareRecord]:
+    """The publisher's split of ``key`` for its edge VN of ``n`` replicas.
+
+    Record j goes to replica j. ``k`` must equal ``threshold_for(n)``: any other threshold
+    would break either confidentiality or robustness, so it is rejected rather than honoured.
+    """
+    _check_scheme(k, n)
+    return _split_node(bytes(key), bytes(pub_id), (), (), k=k, r=n, signer=signer)
+
+
+def resplit(record: ShareRecord, k_next: int, r_next: int, signer: Signer) -> list[ShareRecord]:
+    """Re-split a held (and accepted) share for the next VN of ``r_next`` replicas.
+
+    Sub-share j goes to replica j of the next VN. The signer must be the record's holder; only
+    records a :class:`ShareInbox` accepted should be re-split, or an honest broker could be
+    blamed for forwarding garbage.
+    """
+    _check_scheme(k_next, r_next)
+    return _split_node(
+        record.opening,
+        record.pub_id,
+        record.lineage,
+        record.certs,
+        k=k_next,
+        r=r_next,
+        signer=signer,
+    )
+
+
+class Fault(StrEnum):
+    """Why a broker is blamed; every rule holds only on proof, so honest brokers are never named.
+
+    BAD_SHARE: it sent a record whose chain or opening does not verify (honest brokers verify
+        before forwarding, and shares come over authenticated links).
+    WRONG_SENDER: it sent a share it neither split nor holds (misrouted or relayed).
+    DUPLICATE: it sent two different records for the same lineage.
+    EQUIVOCATION: it signed two different certificates for the same split (evidence attached).
+    INCONSISTENT_SPLIT: it committed to child openings that lie on no polynomial of degree k-1.
+    WRONG_SECRET: the value its committed children reconstruct is not the share it was given.
+    SHORT_SPLIT: it signed a split of which fewer than r - f children could be recovered, which
+        an honest splitter's honest receivers always provide.
+    SILENT: it sent nothing at all for the publication, though every honest broker on the
+        path holds at least one valid share (when each VN has at most f Byzantine replicas).
+    """
+
+    BAD_SHARE = "bad_share"
+    WRONG_SENDER = "wrong_sender"
+    DUPLICATE = "duplicate"
+    EQUIVOCATION = "equivocation"
+    INCONSISTENT_SPLIT = "inconsistent_split"
+    WRONG_SECRET = "wrong_secret"
+    SHORT_SPLIT = "short_split"
+    SILENT = "silent"
+
+
+@dataclass(frozen=True, slots=True)
+class Blame:
+    """One attributed misbehaviour.
+
+    Attributes:
+        broker: id of the broker (or publisher) at fault.
+        fault: what it did.
+        node: the lineage concerned (() when not tied to one share).
+        detail: human-readable explanation for logs.
+        evidence: certificates that prove the fault, when there are any.
+    """
+
+    broker: str
+    fault: Fault
+    node: Lineage = ()
+    detail: str = ""
+    evidence: tuple[SplitCert, ...] = ()
+
+
+class ChainVerifier:
+    """Checks records against a path; caches signature checks per distinct certificate.
+
+    One verifier per (publication path) is enough: certificates of upper levels are shared by
+    many records, so caching turns h Ed25519 verifications per record into one per split.
+    """
+
+    def __init__(self, path: PathView) -> None:
+        self.path = path
+        self._signature_ok: dict[SplitCert, bool] = {}
+
+    def cert_problem(self, cert: SplitCert, pub_id: bytes, node: Lineage) -> str | None:
+        """Why ``cert`` is not a valid certificate for splitting ``node``, or None."""
+        path = self.path
+        level = len(node) + 1
+        if not isinstance(cert, SplitCert):
+            return "not a certificate"
+        if cert.pub_id != pub_id or cert.node != node:
+            return f"certificate is for {cert.node} of another publication or node"
+        if level > path.depth:
+            return "certificate below the last VN"
+        if (cert.k, cert.r) != path.scheme(level):
+            return f"scheme (k, r) = ({cert.k}, {cert.r}), path says {path.scheme(level)}"
+        signer = path.splitter(node)
+        if cert.splitter != signer.id:
+            return f"signed as {cert.splitter!r}, but {signer.id!r} splits {node}"
+        if len(cert.commitments) != cert.r or any(
+            not isinstance(c, bytes) or len(c) != _DIGEST_SIZE for c in cert.commitments
+        ):
+            return "malformed commitment vector"
+        if not isinstance(cert.signature, bytes):
+            return "malformed signature"
+        ok = self._signature_ok.get(cert)
+        if ok is None:
+            try:
+                signer.public_key.verify(cert.signature, cert.signed_bytes())
+                ok = True
+            except InvalidSignature:
+                ok = False
+            self._signature_ok[cert] = ok
+        return None if ok else f"bad signature by {signer.id!r}"
+
+    def record_problem(self, record: ShareRecord, pub_id: bytes | None = None) -> str | None:
+        """Why ``record`` (its whole certificate chain and its opening) is invalid, or None.
+
+        With ``pub_id``, a record of any other publication is invalid too: without that check a
+        valid record replayed from another publication would pass for a second certificate of
+        the same split, and an honest splitter would look like an equivocator.
+        """
+        if not isinstance(record, ShareRecord):
+            return "not a share record"
+        if pub_id is not None and record.pub_id != pub_id:
+            return "share of another publication"
+        lineage = record.lineage
+        if not 1 <= len(lineage) <= self.path.depth or len(record.certs) != len(lineage):
+            return f"lineage {lineage} does not fit a path of {self.path.depth} VNs"
+        if not isinstance(record.salt, bytes) or len(record.salt) != SALT_SIZE:
+            return "malformed salt"
+        if not isinstance(record.data, bytes):
+            return "malformed data"
+        for depth, cert in enumerate(record.certs):
+            index = lineage[depth]
+            if type(index) is not int or not 0 <= index < len(self.path.vns[depth]):
+                return f"lineage index {index!r} out of range at level {depth + 1}"
+            problem = self.cert_problem(cert, record.pub_id, lineage[:depth])
+            if problem:
+                return f"level {depth + 1}: {problem}"
+        if commitment(record.opening) != record.certs[-1].commitments[lineage[-1]]:
+            return "opening does not match its commitment"
+        return None
+
+
+class ShareInbox:
+    """The shares one replica receives for one publication: verify, deduplicate, blame senders.
+
+    Every broker runs one per publication and level it holds shares at; it re-splits only
+    :attr:`records`. Blame here is the broker's own knowledge (links are authenticated).
+    """
+
+    def __init__(
+        self,
+        path: PathView,
+        pub_id: bytes,
+        level: int,
+        index: int,
+        verifier: ChainVerifier | None = None,
+    ) -> None:
+        """Args: path; pub_id: the publication; level: this replica's VN level (1..h); index:
+        its replica index there; verifier: share one to share its signature cache."""
+        if not 1 <= level <= path.depth or not 0 <= index < len(path.vns[level - 1]):
+            raise PropagationError(f"no replica {index} at level {level} of this path")
+        self.path = path
+        self.pub_id = pub_id
+        self.level = level
+        self.index = index
+        self.verifier = verifier or ChainVerifier(path)
+        self.blames: list[Blame] = []
+        self._accepted: dict[Lineage, ShareRecord] = {}
+        self._heard: set[str] = set()
+
+    @property
+    def records(self) -> list[ShareRecord]:
+        """Accepted records in lineage order."""
+        return [self._accepted[lineage] for lineage in sorted(self._accepted)]
+
+    def offer(self, record: ShareRecord, sender: str) -> bool:
+        """Take a record from the authenticated peer ``sender``; True when newly accepted."""
+        self._heard.add(sender)
+        problem = self.verifier.record_problem(record, self.pub_id)
+        if problem:
+            self._blame(sender, Fault.BAD_SHARE, getattr(record, "lineage", ()), problem)
+            return False
+        lineage = record.lineage
+        if len(lineage) != self.level or lineage[-1] != self.index:
+            self._blame(sender, Fault.WRONG_SENDER, lineage, "share is not for this replica")
+            return False
+        if sender != self.path.splitter(lineage[:-1]).id:
+            self._blame(sender, Fault.WRONG_SENDER, lineage, "sender did not split this share")
+            return False
+        previous = self._accepted.get(lineage)
+        if previous is not None:
+            if previous != record:
+                evidence = tuple({previous.certs[-1], record.certs[-1]})
+                self._blame(sender, Fault.DUPLICATE, lineage, "two different shares", evidence)
+            return False
+        self._accepted[lineage] = record
+        return True
+
+    def silent(self) -> list[Blame]:
+        """Blame for every expected sender heard nothing from; call once the wait is over."""
+        blames = silent_senders(self.path, self.level, self._heard)
+        self.blames.extend(blames)
+        return blames
+
+    def _blame(
+        self,
+        broker: str,
+        fault: Fault,
+        node: Lineage,
+        detail: str,
+        evidence: tuple[SplitCert, ...] = (),
+    ) -> None:
+        self.blames.append(Blame(broker, fault, tuple(node), detail, evidence))
+
+
+def silent_senders(path: PathView, level: int, heard_from: Iterable[str]) -> list[Blame]:
+    """Blame the expected senders of shares at ``level`` that sent nothing.
+
+    Receivers at VN level d (1..h) expect every replica of VN_{d-1} (the publisher for d = 1);
+    the subscriber (level h + 1) expects every replica of VN_h. Sound because an honest broker
+    always holds at least one valid share when each VN has at most f Byzantine replicas; the
+    caller decides how long to wait.
+    """
+    if not 1 <= level <= path.depth + 1:
+        raise PropagationError(f"level must be in 1..{path.depth + 1}, got {level}")
+    expected = (path.publisher,) if level == 1 else path.vns[level - 2]
+    heard = set(heard_from)
+    return [
+        Blame(member.id, Fault.SILENT, (), f"sent nothing to level {level}")
+        for member in expected
+        if member.id not in heard
+    ]
+
+
+class Reconstruction(NamedTuple):
+    """The outcome of :func:`reconstruct`: the key (None if unrecoverable) and all blame."""
+
+    key: bytes | None
+    blame: tuple[Blame, ...]
+
+    @property
+    def culprits(self) -> frozenset[str]:
+        """Ids of every blamed broker."""
+        return frozenset(b.broker for b in self.blame)
+
+
+def reconstruct(
+    deliveries: Iterable[tuple[str, ShareRecord]],
+    path: PathView,
+    pub_id: bytes,
+    *,
+    check: Callable[[bytes], bool] | None = None,
+    complete: bool = False,
+    verifier: ChainVerifier | None = None,
+) -> Reconstruction:
+    """Recover K from the leaves replicas of VN_h delivered, and blame every provable fault.
+
+    Args:
+        deliveries: (sender id, record) pairs as received over authenticated links.
+        path: the publication's path.
+        pub_id: the publication; group deliveries by the records' own ``pub_id``, because a
+            record of another publication in the set is blamed on its sender.
+        check: optional final test of a candidate key (e.g. AES-GCM opens the payload); only
+            needed to choose between candidates when the publisher itself equivocated.
+        complete: True once every delivery that will arrive is in (the wait is over): only
+            then can a split with too few recovered children be blamed (SHORT_SPLIT).
+        verifier: reuse a verifier (and its signature cache) across calls.
+
+    Returns:
+        The key, or None when fewer than k shares survive at some level (impossible while each
+        VN has at most f Byzantine replicas), and the blame. Silence is not judged here: call
+        :func:`silent_senders` with level h + 1 once the wait is over.
+    """
+    verifier = verifier or ChainVerifier(path)
+    depth = path.depth
+    blames: list[Blame] = []
+    leaves: dict[Lineage, ShareRecord] = {}
+    versions: dict[Lineage, set[SplitCert]] = defaultdict(set)
+
+    for sender, record in deliveries:
+        problem = verifier.record_problem(record, pub_id)
+        lineage = getattr(record, "lineage", ())
+        if problem is None and len(lineage) != depth:
+            problem = f"share of level {len(lineage)}, subscribers get level {depth}"
+        if problem:
+            blames.append(Blame(sender, Fault.BAD_SHARE, tuple(lineage), problem))
+            continue
+        if sender != path.holder(lineage).id:
+            blames.append(Blame(sender, Fault.WRONG_SENDER, lineage, "it does not hold this share"))
+            continue
+        for cert in record.certs:
+            versions[cert.node].add(cert)
+        previous = leaves.get(lineage)
+        if previous is None:
+            leaves[lineage] = record
+        elif previous != record:
+            blames.append(Blame(sender, Fault.DUPLICATE, lineage, "two different shares"))
+
+    for node, certs in versions.items():
+        if len(certs) > 1:
+            who = path.splitter(node).id
+            blames.append(
+                Blame(who, Fault.EQUIVOCATION, node, f"{len(certs)} certificates", tuple(certs))
+            )
+
+    # candidates[node] maps commitment -> opening of every value recovered for that node.
+    candidates: dict[Lineage, dict[bytes, bytes]] = defaultdict(dict)
+    for lineage, record in leaves.items():
+        opening = record.opening
+        candidates[lineage][commitment(opening)] = opening
+
+    for level in range(depth - 1, -1, -1):
+        nodes = sorted(node for node in versions if len(node) == level)
+        for node in nodes:
+            _recover_node(node, versions[node], candidates, path, blames, complete=complete)
+        if level == 0:
+            break
+        for node in nodes:
+            allowed = {cert.commitments[node[-1]] for cert in versions[node[:-1]]}
+            for digest in candidates.get(node, {}):
+                if digest not in allowed:
+                    blames.append(
+                        Blame(
+                            path.splitter(node).id,
+                            Fault.WRONG_SECRET,
+                            node,
+                            "its split does not reconstruct the share it was given",
+                        )
+                    )
+
+    keys = list(candidates.get((), {}).values())
+    if check is not None:
+        keys = [key for key in keys if check(key)]
+    key = keys[0] if len(keys) == 1 else None
+    return Reconstruction(key, tuple(_dedupe(blames)))
+
+
+def _recover_node(
+    node: Lineage,
+    certs: set[SplitCert],
+    candidates: dict[Lineage, dict[bytes, bytes]],
+    path: PathView,
+    blames: list[Blame],
+    *,
+    complete: bool,
+) -> None:
+    found: dict[bytes, bytes] = {}
+    best = 0
+    splitter = path.splitter(node).id
+    for cert in certs:
+        points = []
+        for j, digest in enumerate(cert.commitments):
+            opening = candidates.get((*node, j), {}).get(digest)
+            if opening is not None:
+                points.append(shamir.Share(j + 1, opening[SALT_SIZE:]))
+        best = max(best, len(points))
+        if len(points) < cert.k:
+            continue
+        try:
+            value = shamir.combine(points, cert.k)
+        except shamir.ShareError as exc:
+            blames.append(Blame(splitter, Fault.INCONSISTENT_SPLIT, node, str(exc), (cert,)))
+            continue
+        found[commitment(value) if node else value] = value
+    some = next(iter(certs))
+    if complete and best < some.r - (some.k - 1):
+        blames.append(
+            Blame(splitter, Fault.SHORT_SPLIT, node, f"only {best} of {some.r} children recovered")
+        )
+    candidates[node] = found
+
+
+def _dedupe(blames: Iterable[Blame]) -> list[Blame]:
+    seen: set[tuple[str, Fault, Lineage]] = set()
+    out = []
+    for blame in blames:
+        key = (blame.broker, blame.fault, blame.node)
+        if key not in seen:
+            seen.add(key)
+            out.append(blame)
+    return out
+
+
+def pack_record(record: ShareRecord) -> bytes:
+    """msgpack wire form of a record (certificates inline)."""
+    return msgpack.packb(
+        [
+            record.pub_id,
+            list(record.lineage),
+            [
+                [c.pub_id, list(c.node), c.k, c.r, c.splitter, list(c.commitments), c.signature]
+                for c in record.certs
+            ],
+            record.salt,
+            record.data,
+        ],
+        use_bin_type=True,
+    )
+
+
+def unpack_record(raw: bytes) -> ShareRecord:
+    """Parse :func:`pack_record` output; structure only (verify with :class:`ShareInbox`).
+
+    Raises:
+        PropagationError: the bytes are not a well-formed record.
+    """
+    try:
+        pub_id, lineage, certs, salt, data = msgpack.unpackb(raw, use_list=True, raw=False)
+        record = ShareRecord(
+            _bytes(pub_id),
+            _ints(lineage),
+            tuple(
+                SplitCert(
+                    _bytes(c_pub),
+                    _ints(c_node),
+                    _int(k),
+                    _int(r),
+                    _str(splitter),
+                    tuple(_bytes(x) for x in commits),
+                    _bytes(signature),
+                )
+                for c_pub, c_node, k, r, splitter, commits, signature in certs
+            ),
+            _bytes(salt),
+            _bytes(data),
+        )
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise PropagationError(f"malformed share record: {exc}") from None
+    return record
+
+
+def _bytes(value: object) -> bytes:
+    if not isinstance(value, bytes):
+        raise TypeError(f"expected bytes, got {type(value).__name__}")
+    return value
+
+
+def _int(value: object) -> int:
+    if type(value) is not int:
+        raise TypeError(f"expected int, got {type(value).__name__}")
+    return value
+
+
+def _str(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected str, got {type(value).__name__}")
+    return value
+
+
+def _ints(value: object) -> Lineage:
+    if not isinstance(value, list):
+        raise TypeError(f"expected list, got {type(value).__name__}")
+    return tuple(_int(v) for v in value)
