@@ -24,12 +24,15 @@ import itertools
 import logging
 import random
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, cast
 
+from broker.confidential import KeyAssembly, path_view, seal_publication
 from broker.errors import (
     ERRORS_BY_CODE,
     ConnectionLost,
@@ -55,6 +58,7 @@ from broker.protocol import (
     Pong,
     Publish,
     Role,
+    Share,
     Subscribe,
     Unadvertise,
     Unsubscribe,
@@ -62,12 +66,16 @@ from broker.protocol import (
     encode,
     validate_attrs,
 )
+from overlay.manifest import Manifest
+from security.envelope import Signer
+from security.propagation import PropagationError, pack_record, unpack_record
 
 __all__ = ["Client", "Delivery", "Status", "Subscription", "parse_endpoint"]
 
 log = logging.getLogger("trellis.client")
 
 _FRAME_OVERHEAD = 64
+_KEY_MEMORY = 4096
 _CORK_LIMIT = 64 * 1024
 
 
@@ -82,13 +90,19 @@ class Status(Enum):
 
 @dataclass(slots=True)
 class Delivery:
-    """One publication delivered to a subscription."""
+    """One publication delivered to a subscription (``payload`` decrypted when it was
+    confidential; ``confidential`` says so)."""
 
     attrs: dict[str, Value]
     payload: bytes
     publisher: str
     seq: int
     sub_id: str
+    sec: dict[str, Any] | None = None
+
+    @property
+    def confidential(self) -> bool:
+        return self.sec is not None
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
@@ -110,6 +124,8 @@ class _Link(asyncio.Protocol):
     def __init__(self, client: Client, index: int) -> None:
         self.client = client
         self.index = index
+        self.broker_id = "?"
+        self.replica = index
         self.decoder = FrameDecoder(max_frame=64 * 1024 * 1024)
         self.transport: asyncio.Transport | None = None
         self.welcome: asyncio.Future[Welcome] = asyncio.get_running_loop().create_future()
@@ -190,6 +206,8 @@ class Subscription:
         self.active = False
         self._threshold = client.fault_tolerance + 1
         self._delivered: dict[str, int] = {}
+        # publisher -> seq -> agreed copy waiting for earlier ones or for its key
+        self._confirmed: dict[str, dict[int, Delivery]] = {}
         # publisher -> seq -> content -> (delivery, replicas that sent it)
         self._copies: dict[str, dict[int, dict[Any, tuple[Delivery, set[int]]]]] = {}
 
@@ -217,27 +235,46 @@ class Subscription:
         ``f + 1`` replicas (one of them honest) confirm seq n, every earlier publication
         that matches has arrived from that honest replica already: deliver those first.
         """
-        if self._threshold == 1:
-            last = self._delivered.get(delivery.publisher, 0)
-            if delivery.seq > last:
-                self._delivered[delivery.publisher] = delivery.seq
+        publisher, seq = delivery.publisher, delivery.seq
+        if self._threshold == 1 and delivery.sec is None and publisher not in self._confirmed:
+            if seq > self._delivered.get(publisher, 0):
+                self._delivered[publisher] = seq
                 self._deliver(delivery)
             return
-        publisher, seq = delivery.publisher, delivery.seq
         if seq <= self._delivered.get(publisher, 0):
             return
         versions = self._copies.setdefault(publisher, {}).setdefault(seq, {})
-        content = (delivery.payload, tuple(sorted(delivery.attrs.items())))
+        sig = delivery.sec["sig"] if delivery.sec else b""
+        content = (delivery.payload, sig, tuple(sorted(delivery.attrs.items())))
         _, replicas = versions.setdefault(content, (delivery, set()))
         replicas.add(replica)
         if len(replicas) < self._threshold:
             return
         pending = self._copies[publisher]
+        confirmed = self._confirmed.setdefault(publisher, {})
         for earlier in sorted(s for s in pending if s <= seq):
             candidates = pending.pop(earlier)
-            best, _ = max(candidates.values(), key=lambda item: len(item[1]))
-            self._deliver(best)
+            confirmed[earlier], _ = max(candidates.values(), key=lambda item: len(item[1]))
         self._delivered[publisher] = seq
+        self._flush(publisher)
+
+    def _flush(self, publisher: str) -> None:
+        """Deliver confirmed publications in order; a confidential one waits for its key."""
+        confirmed = self._confirmed.get(publisher)
+        if not confirmed:
+            return
+        for seq in sorted(confirmed):
+            delivery = confirmed[seq]
+            if delivery.sec is not None:
+                plaintext = self.client._decrypt(delivery)
+                if plaintext is None:
+                    return
+                delivery = Delivery(
+                    delivery.attrs, plaintext, publisher, seq, delivery.sub_id, delivery.sec
+                )
+            del confirmed[seq]
+            self._deliver(delivery)
+        del self._confirmed[publisher]
 
     def _deliver(self, delivery: Delivery) -> None:
         if self._queue.qsize() >= self._limit:
@@ -330,6 +367,10 @@ class Client:
         queue_size: default bound of each subscription's queue.
         first_seq: sequence number of the first publication (a publisher that restarts
             under the same ``client_id`` continues its numbering here).
+        manifest: the overlay manifest (a ``Manifest`` or its JSON file): which brokers
+            may sign which key share; needed to receive confidential publications.
+        signer: the Ed25519 identity confidential publications are signed with (a fresh
+            one by default).
     """
 
     def __init__(
@@ -343,6 +384,8 @@ class Client:
         max_backoff: float = 5.0,
         queue_size: int = 10_000,
         first_seq: int = 1,
+        manifest: Manifest | str | Path | None = None,
+        signer: Signer | None = None,
     ) -> None:
         eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not eps:
@@ -372,6 +415,13 @@ class Client:
         self._disconnected.set()
         self._supervisors: list[asyncio.Task[None]] = []
         self._entered = False
+        if manifest is not None and not isinstance(manifest, Manifest):
+            manifest = Manifest.load(manifest)
+        self.manifest = manifest
+        self.signer = signer or Signer.generate(self.client_id)
+        self.vn: str | None = None
+        self.vn_size = replicas
+        self._assemblies: OrderedDict[tuple[str, int], KeyAssembly] = OrderedDict()
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -492,9 +542,18 @@ class Client:
         await self._request(lambda rid: Unadvertise(rid, adv_id))
 
     async def publish(
-        self, attrs: Mapping[str, Value], payload: bytes = b"", *, ack: bool = True
+        self,
+        attrs: Mapping[str, Value],
+        payload: bytes = b"",
+        *,
+        ack: bool = True,
+        confidential: bool = False,
     ) -> int:
         """Publish one message; returns its sequence number.
+
+        With ``confidential=True`` the payload is encrypted under a fresh AES-256-GCM key,
+        signed, and the key travels as Shamir shares, one per replica of the edge VN,
+        re-split at every hop; brokers never hold enough shares to learn it.
 
         With ``ack=True`` (default) returns once the broker (a majority of replicas)
         acknowledged it. With ``ack=False`` returns as soon as the connections have room
@@ -519,6 +578,9 @@ class Client:
             )
         self._seq += 1
         seq = self._seq
+        if confidential:
+            await self._publish_confidential(seq, attrs, payload, ack)
+            return seq
         if ack:
             await self._request(lambda rid: Publish(rid, seq, attrs, payload))
             return seq
@@ -532,6 +594,26 @@ class Client:
         for link in await self._writable_links():
             link.send(msg)
         return seq
+
+    async def _publish_confidential(
+        self, seq: int, attrs: dict[str, Value], payload: bytes, ack: bool
+    ) -> None:
+        if self._status is not Status.CONNECTED:
+            await self._wait_connected()
+        assert self.vn is not None
+        sealed, sec, records = seal_publication(
+            self.signer, seq, attrs, payload, self.vn, self.vn_size
+        )
+
+        def make(rid: int, link: _Link) -> Publish:
+            share = pack_record(records[link.replica])
+            return Publish(rid, seq, attrs, sealed, {**sec, "share": share})
+
+        if ack:
+            await self._request(make, per_link=True)
+        else:
+            for link in await self._writable_links():
+                link.send(make(0, link))
 
     def subscribe(self, flt: str | Filter, *, queue_size: int | None = None) -> Subscription:
         """A subscription to use as ``async with client.subscribe("...") as sub``.
@@ -589,7 +671,11 @@ class Client:
             await asyncio.wait_for(blocked[0].can_write.wait(), self.request_timeout)
 
     async def _request(
-        self, make: Any, timeout: float | None = None, only: _Link | None = None
+        self,
+        make: Any,
+        timeout: float | None = None,
+        only: _Link | None = None,
+        per_link: bool = False,
     ) -> None:
         if only is None:
             if self._status is not Status.CONNECTED:
@@ -602,10 +688,10 @@ class Client:
         pending = _Pending(needed, {link.index for link in links})
         self._pending[rid] = pending
         try:
-            msg = make(rid)
+            msg = None if per_link else make(rid)
             for link in links:
                 try:
-                    link.send(msg)
+                    link.send(make(rid, link) if per_link else msg)
                 except ConnectionLost as exc:
                     pending.answer(link.index, exc)
             await asyncio.wait_for(
@@ -626,7 +712,10 @@ class Client:
         _, link = await loop.create_connection(lambda: _Link(self, index), host, port)
         link.send(Hello(PROTOCOL_VERSION, Role.CLIENT, self.client_id, {}))
         welcome = await link.welcome
-        self.broker_id = welcome.broker_id
+        self.broker_id = link.broker_id = welcome.broker_id
+        link.replica = int(welcome.options.get("replica", index))
+        self.vn = str(welcome.options.get("vn", welcome.broker_id))
+        self.vn_size = int(welcome.options.get("vn_size", len(self.endpoints)))
         self.max_frame = int(welcome.options.get("max_frame", DEFAULT_MAX_FRAME))
         log.debug(
             "%s connected to broker %s at %s:%d", self.client_id, welcome.broker_id, host, port
@@ -691,6 +780,50 @@ class Client:
             del self._links[link.index]
             self._update_status()
 
+    def _assembly(self, publisher: str, seq: int) -> KeyAssembly:
+        key = (publisher, seq)
+        assembly = self._assemblies.get(key)
+        if assembly is None:
+            assembly = self._assemblies[key] = KeyAssembly(publisher, seq)
+            if len(self._assemblies) > _KEY_MEMORY:
+                self._assemblies.popitem(last=False)
+        return assembly
+
+    def _share_arrived(self, link: _Link, msg: Share) -> None:
+        try:
+            record = unpack_record(msg.record)
+        except PropagationError as exc:
+            log.warning("malformed key share from broker %s: %s", link.broker_id, exc)
+            return
+        assembly = self._assembly(msg.publisher, msg.seq)
+        assembly.add(link.broker_id, record)
+        if assembly.key is None and assembly.path is not None:
+            assembly.try_key(assembly.path)
+            if assembly.key is not None:
+                for sub in list(self._subscriptions.values()):
+                    sub._flush(msg.publisher)
+
+    def _decrypt(self, delivery: Delivery) -> bytes | None:
+        """The plaintext of an agreed confidential copy, once its key is recovered."""
+        if self.manifest is None or self.vn is None:
+            log.warning(
+                "confidential publication %s/%d: no manifest to verify its key shares",
+                delivery.publisher,
+                delivery.seq,
+            )
+            return None
+        assembly = self._assembly(delivery.publisher, delivery.seq)
+        if assembly.path is None:
+            assert delivery.sec is not None
+            assembly.path = path_view(self.manifest, delivery.publisher, delivery.sec, self.vn)
+        assembly.try_key(assembly.path)
+        return assembly.open(delivery.attrs, delivery.payload)
+
+    def key_shares(self, publisher: str, seq: int) -> int:
+        """How many key shares of a publication this client has received."""
+        assembly = self._assemblies.get((publisher, seq))
+        return len(assembly.shares) if assembly else 0
+
     def _on_message(self, link: _Link, msg: Message) -> None:
         if type(msg) is Deliver:
             subs = self._subscriptions
@@ -698,8 +831,12 @@ class Client:
                 sub = subs.get(sid)
                 if sub is not None:
                     sub._offer(
-                        link.index, Delivery(msg.attrs, msg.payload, msg.publisher, msg.seq, sid)
+                        link.index,
+                        Delivery(msg.attrs, msg.payload, msg.publisher, msg.seq, sid, msg.sec),
                     )
+            return
+        if type(msg) is Share:
+            self._share_arrived(link, msg)
             return
         match msg:
             case Ack(rid) | Pong(rid):

@@ -83,6 +83,13 @@ class BrokerConfig(BaseModel):
     byzantine: Literal["none", "drop", "corrupt", "equivocate", "collude"] = Field(
         "none", description="fault injection for tests and demos: misbehave as named"
     )
+    manifest: Path | None = Field(
+        None, description="overlay manifest (VN members and public keys) for confidential traffic"
+    )
+    key_file: Path | None = Field(None, description="this broker's Ed25519 private key (hex)")
+    collude_log: Path | None = Field(
+        None, description="with byzantine = 'collude': where to record every share seen"
+    )
     link_backoff_max: float = Field(
         2.0, gt=0, description="largest pause between attempts to (re)open a broker link"
     )

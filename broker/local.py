@@ -19,7 +19,9 @@ from typing import Any
 
 from broker.errors import TrellisError
 from broker.launcher import BrokerProcess, start_broker
+from overlay.manifest import Manifest
 from overlay.tree import Tree
+from security.envelope import generate_signing_key, private_key_to_bytes, public_key_to_bytes
 
 OVERLAY_FILE = "overlay.json"
 
@@ -120,15 +122,40 @@ class LocalOverlay:
             ]
         neighbours += self.extra_neighbours.get(broker_id, [])
         mine = self.replicas_of(vn)
+        extra = self.overrides.get(broker_id, {})
+        if extra.get("byzantine") == "collude":
+            extra = {**extra, "collude_log": str(self.workdir / f"{broker_id}.collude.jsonl")}
         return {
             "admin_port": 0,
             **self.settings,
-            **self.overrides.get(broker_id, {}),
+            **extra,
+            "manifest": str(self.manifest_path),
+            "key_file": str(self.workdir / f"{broker_id}.key"),
             "vn": vn,
             "replica": mine.index(broker_id),
             "vn_size": len(mine),
             "neighbours": neighbours,
         }
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.workdir / "manifest.json"
+
+    @property
+    def manifest(self) -> Manifest:
+        return Manifest.load(self.manifest_path)
+
+    def write_keys(self) -> None:
+        """A fresh Ed25519 key per broker and the manifest listing their public halves."""
+        keys = {}
+        for broker_id in self.broker_ids:
+            key = generate_signing_key()
+            path = self.workdir / f"{broker_id}.key"
+            path.write_text(private_key_to_bytes(key).hex() + "\n", encoding="utf-8")
+            path.chmod(0o600)
+            keys[broker_id] = public_key_to_bytes(key.public_key())
+        members = {vn: tuple(self.replicas_of(vn)) for vn in self.tree.brokers}
+        Manifest(self.tree, members, keys).save(self.manifest_path)
 
     def start(self, broker_id: str) -> BrokerProcess:
         """Start (or restart, on the same port) one broker of the overlay."""
@@ -231,6 +258,7 @@ def start_overlay(
     )
     names = overlay.broker_ids
     overlay.ports = dict(zip(names, free_ports(len(names)), strict=True))
+    overlay.write_keys()
     try:
         for name in names:
             overlay.start(name)

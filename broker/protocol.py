@@ -14,15 +14,21 @@ Layouts (``rid`` is a request id the broker echoes in ACK/ERROR; 0 asks for no A
     UNADVERTISE  [4, rid, adv_id]
     SUBSCRIBE    [5, rid, sub_id, filter]
     UNSUBSCRIBE  [6, rid, sub_id]
-    PUBLISH      [7, rid, seq, attrs, payload]
-    DELIVER      [8, [sub_id, ...], publisher, seq, attrs, payload]
+    PUBLISH      [7, rid, seq, attrs, payload, sec]
+    DELIVER      [8, [sub_id, ...], publisher, seq, attrs, payload, sec]
     ACK          [9, rid]
     ERROR        [10, rid, code, message]
     PING         [11, token]
     PONG         [12, token]
     NOTICE       [13, kind, data]
-    FORWARD      [14, publisher, seq, attrs, payload]        (broker to broker)
+    FORWARD      [14, publisher, seq, attrs, payload, sec]   (broker to broker)
     LINKSTATE    [15, broker_id, vn, version, [neighbour, ...]]  (broker to broker)
+
+    SHARE        [16, publisher, seq, record]                (key share, to broker or client)
+
+``sec`` is nil for a plain publication. For a confidential one the payload is AES-GCM
+ciphertext and ``sec`` is a map: ``pk`` (publisher's Ed25519 key), ``sig`` (its signature),
+``vn`` (the publisher's edge VN) and, in PUBLISH only, ``share`` (this replica's share).
 
 Between brokers, ADVERTISE/UNADVERTISE/SUBSCRIBE/UNSUBSCRIBE travel with rid 0 and
 overlay-wide keys (``origin-broker/client/id``) in place of the client's ids.
@@ -68,6 +74,7 @@ class MsgType(IntEnum):
     NOTICE = 13
     FORWARD = 14
     LINKSTATE = 15
+    SHARE = 16
 
 
 _DELIVER = int(MsgType.DELIVER)
@@ -126,6 +133,7 @@ class Publish:
     seq: int
     attrs: dict[str, Value]
     payload: bytes
+    sec: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -135,6 +143,7 @@ class Deliver:
     seq: int
     attrs: dict[str, Value]
     payload: bytes
+    sec: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -171,6 +180,14 @@ class Forward:
     seq: int
     attrs: dict[str, Value]
     payload: bytes
+    sec: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class Share:
+    publisher: str
+    seq: int
+    record: bytes
 
 
 @dataclass(slots=True)
@@ -197,6 +214,7 @@ Message = (
     | Notice
     | Forward
     | LinkState
+    | Share
 )
 
 
@@ -220,10 +238,10 @@ def encode(msg: Message) -> bytes:
 def to_wire(msg: Message) -> list[Any]:
     """The msgpack-ready array for ``msg``."""
     match msg:
-        case Publish(rid, seq, attrs, payload):
-            return [MsgType.PUBLISH, rid, seq, attrs, payload]
-        case Deliver(sub_ids, publisher, seq, attrs, payload):
-            return [MsgType.DELIVER, sub_ids, publisher, seq, attrs, payload]
+        case Publish(rid, seq, attrs, payload, sec):
+            return [MsgType.PUBLISH, rid, seq, attrs, payload, sec]
+        case Deliver(sub_ids, publisher, seq, attrs, payload, sec):
+            return [MsgType.DELIVER, sub_ids, publisher, seq, attrs, payload, sec]
         case Ack(rid):
             return [MsgType.ACK, rid]
         case Hello(version, role, ident, options):
@@ -246,23 +264,32 @@ def to_wire(msg: Message) -> list[Any]:
             return [MsgType.PONG, token]
         case Notice(kind, data):
             return [MsgType.NOTICE, kind, data]
-        case Forward(publisher, seq, attrs, payload):
-            return [MsgType.FORWARD, publisher, seq, attrs, payload]
+        case Forward(publisher, seq, attrs, payload, sec):
+            return [MsgType.FORWARD, publisher, seq, attrs, payload, sec]
+        case Share(publisher, seq, record):
+            return [MsgType.SHARE, publisher, seq, record]
         case LinkState(broker_id, vn, version, neighbours):
             return [MsgType.LINKSTATE, broker_id, vn, version, neighbours]
     raise TypeError(f"not a protocol message: {msg!r}")
 
 
-def encode_forward(publisher: str, seq: int, attrs: Any, payload: bytes) -> bytes:
+def encode_forward(
+    publisher: str, seq: int, attrs: Any, payload: bytes, sec: dict[str, Any] | None = None
+) -> bytes:
     """Fast path for publications travelling between brokers."""
-    return frame(_packb([_FORWARD, publisher, seq, attrs, payload]))
+    return frame(_packb([_FORWARD, publisher, seq, attrs, payload, sec]))
 
 
 def encode_deliver(
-    sub_ids: list[str], publisher: str, seq: int, attrs: Any, payload: bytes
+    sub_ids: list[str],
+    publisher: str,
+    seq: int,
+    attrs: Any,
+    payload: bytes,
+    sec: dict[str, Any] | None = None,
 ) -> bytes:
     """Fast path for the broker's hottest frame (skips building a ``Deliver`` object)."""
-    return frame(_packb([_DELIVER, sub_ids, publisher, seq, attrs, payload]))
+    return frame(_packb([_DELIVER, sub_ids, publisher, seq, attrs, payload, sec]))
 
 
 # ---------------------------------------------------------------------------------------
@@ -365,15 +392,16 @@ _LAYOUTS: dict[MsgType, tuple[str, ...]] = {
     MsgType.UNADVERTISE: ("rid", "adv_id"),
     MsgType.SUBSCRIBE: ("rid", "sub_id", "filter"),
     MsgType.UNSUBSCRIBE: ("rid", "sub_id"),
-    MsgType.PUBLISH: ("rid", "seq", "attrs", "payload"),
-    MsgType.DELIVER: ("sub_ids", "publisher", "seq", "attrs", "payload"),
+    MsgType.PUBLISH: ("rid", "seq", "attrs", "payload", "sec"),
+    MsgType.DELIVER: ("sub_ids", "publisher", "seq", "attrs", "payload", "sec"),
     MsgType.ACK: ("rid",),
     MsgType.ERROR: ("rid", "code", "message"),
     MsgType.PING: ("token",),
     MsgType.PONG: ("token",),
     MsgType.NOTICE: ("kind", "data"),
-    MsgType.FORWARD: ("publisher", "seq", "attrs", "payload"),
+    MsgType.FORWARD: ("publisher", "seq", "attrs", "payload", "sec"),
     MsgType.LINKSTATE: ("broker_id", "vn", "version", "neighbours"),
+    MsgType.SHARE: ("publisher", "seq", "record"),
 }
 
 
@@ -485,6 +513,7 @@ def _build_publish(name: str, raw: list[Any]) -> Publish:
         _uint(name, "seq", raw[2]),
         validate_attrs(name, raw[3]),
         _payload(name, raw[4]),
+        _sec(name, raw[5], with_share=True),
     )
 
 
@@ -500,6 +529,7 @@ def _build_deliver(name: str, raw: list[Any]) -> Deliver:
         _uint(name, "seq", raw[3]),
         validate_attrs(name, raw[4]),
         _payload(name, raw[5]),
+        _sec(name, raw[6]),
     )
 
 
@@ -538,7 +568,29 @@ def _build_forward(name: str, raw: list[Any]) -> Forward:
         _uint(name, "seq", raw[2]),
         validate_attrs(name, raw[3]),
         _payload(name, raw[4]),
+        _sec(name, raw[5]),
     )
+
+
+def _build_share(name: str, raw: list[Any]) -> Share:
+    record = raw[3]
+    if type(record) is not bytes or not record:
+        raise InvalidRequest(f"{name} field 'record' must be non-empty binary")
+    return Share(_ident(name, "publisher", raw[1]), _uint(name, "seq", raw[2]), record)
+
+
+def _sec(name: str, value: object, with_share: bool = False) -> dict[str, Any] | None:
+    """Check the security block of a confidential publication (nil for plain ones)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"{name} field 'sec' must be nil or a map")
+    for key in ("pk", "sig", *(("share",) if with_share else ())):
+        if type(value.get(key)) is not bytes:
+            raise InvalidRequest(f"{name} field 'sec.{key}' must be binary")
+    if type(value.get("vn")) is not str:
+        raise InvalidRequest(f"{name} field 'sec.vn' must be a string")
+    return value
 
 
 def _build_linkstate(name: str, raw: list[Any]) -> LinkState:
@@ -569,6 +621,7 @@ _BUILDERS = {
     MsgType.NOTICE: _build_notice,
     MsgType.FORWARD: _build_forward,
     MsgType.LINKSTATE: _build_linkstate,
+    MsgType.SHARE: _build_share,
 }
 
 

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
+from broker.confidential import signature_valid
 from broker.config import BrokerConfig, NeighbourConfig, vn_of
 from broker.errors import InvalidRequest, NotAuthorized, ProtocolError, TrellisError
 from broker.protocol import (
@@ -49,6 +50,7 @@ from broker.protocol import (
     Pong,
     Publish,
     Role,
+    Share,
     Subscribe,
     Unadvertise,
     Unsubscribe,
@@ -59,6 +61,7 @@ from broker.protocol import (
     error_for,
 )
 from broker.routing import Router
+from broker.secure import SecureForwarding
 from broker.stats import BrokerStats
 
 log = logging.getLogger("trellis.broker")
@@ -262,6 +265,9 @@ class Connection(asyncio.Protocol):
         if type(msg) is Forward:
             broker.forward(self, msg)
             return
+        if type(msg) is Share:
+            broker.secure.share_arrived(msg.publisher, msg.seq, msg.record, self)
+            return
         if type(msg) not in _HEARTBEATS:
             broker.stats.count_in("link_" + type(msg).__name__.lower())
         hop = self.vnhop
@@ -323,19 +329,21 @@ class SeenPublications:
         self._seen: dict[str, set[int]] = {}
         self._floor: dict[str, int] = {}
 
-    def first(self, publisher: str, seq: int) -> bool:
-        """True the first time (publisher, seq) is offered."""
+    def fresh(self, publisher: str, seq: int) -> bool:
+        """Whether (publisher, seq) has not been routed yet."""
         if seq < self._floor.get(publisher, 0):
             return False
+        seen = self._seen.get(publisher)
+        return seen is None or seq not in seen
+
+    def mark(self, publisher: str, seq: int) -> None:
+        """Record (publisher, seq) as routed."""
         seen = self._seen.setdefault(publisher, set())
-        if seq in seen:
-            return False
         seen.add(seq)
         if len(seen) > 2 * self.horizon:
             floor = max(seen) - self.horizon
             self._floor[publisher] = floor
             self._seen[publisher] = {s for s in seen if s >= floor}
-        return True
 
 
 class VNHop:
@@ -406,6 +414,7 @@ class Broker:
         # broker id -> (version, its VN, its live links)
         self.linkstate: dict[str, tuple[int, str, frozenset[str]]] = {}
         self.seen = SeenPublications()
+        self.secure = SecureForwarding(self)
         self.congested_links: set[Connection] = set()
         self.dirty: list[Connection] = []
         self.stats = BrokerStats()
@@ -421,7 +430,13 @@ class Broker:
             self.accept_link(conn, msg.id)
         else:
             self.attach_client(conn, msg.id)
-        conn.send(Welcome(PROTOCOL_VERSION, self.config.id, {"max_frame": self.config.max_frame}))
+        options = {
+            "max_frame": self.config.max_frame,
+            "vn": self.vn,
+            "replica": self.config.replica,
+            "vn_size": self.config.vn_size,
+        }
+        conn.send(Welcome(PROTOCOL_VERSION, self.config.id, options))
         if conn.is_broker:
             self.link_up(conn)
 
@@ -609,18 +624,49 @@ class Broker:
             )
             return
         assert source.peer_id is not None
-        self.dispatch(source, source.peer_id, msg.seq, msg.attrs, msg.payload)
+        sec = msg.sec
+        if sec is None:
+            self.dispatch(source, source.peer_id, msg.seq, msg.attrs, msg.payload)
+        else:
+            problem = self.secure.check_publish(source.peer_id, msg)
+            if problem:
+                source.reject(msg.rid, InvalidRequest(f"PUBLISH seq {msg.seq}: {problem}"))
+                return
+            share = sec["share"]
+            public = {k: v for k, v in sec.items() if k != "share"}
+            self.dispatch(source, source.peer_id, msg.seq, msg.attrs, msg.payload, public)
+            self.secure.share_arrived(source.peer_id, msg.seq, share)
         if msg.rid:
             source.send(Ack(msg.rid))
 
     def forward(self, source: Connection, msg: Forward) -> None:
         self.stats.forwards_in += 1
-        # Every replica of the upstream VN sends a copy: route the first one only.
-        if self.seen.first(msg.publisher, msg.seq):
-            self.dispatch(source.vnhop, msg.publisher, msg.seq, msg.attrs, msg.payload)
+        # Every replica of the upstream VN sends a copy: route the first one only, and for
+        # a confidential one, the first whose publisher signature checks.
+        if not self.seen.fresh(msg.publisher, msg.seq):
+            return
+        if msg.sec is not None and not signature_valid(
+            msg.publisher, msg.seq, msg.attrs, msg.payload, msg.sec
+        ):
+            self.stats.bad_signatures += 1
+            link_log.warning(
+                "discarding %s/%d from %s: publisher signature does not verify",
+                msg.publisher,
+                msg.seq,
+                source.peer_id,
+            )
+            return
+        self.seen.mark(msg.publisher, msg.seq)
+        self.dispatch(source.vnhop, msg.publisher, msg.seq, msg.attrs, msg.payload, msg.sec)
 
     def dispatch(
-        self, source: Any, publisher: str, seq: int, attrs: dict[str, Any], payload: bytes
+        self,
+        source: Any,
+        publisher: str,
+        seq: int,
+        attrs: dict[str, Any],
+        payload: bytes,
+        sec: dict[str, Any] | None = None,
     ) -> None:
         """Deliver to matching local subscribers and forward toward matching brokers."""
         stats = self.stats
@@ -635,12 +681,14 @@ class Broker:
             started = time.perf_counter()
             targets = self.router.route(attrs, source)
             stats.observe_match(time.perf_counter() - started)
+        if sec is not None:
+            self.secure.route_known(publisher, seq, targets)
         forward_frame: bytes | None = None
         deliver_frames: dict[tuple[str, ...], bytes] = {}
         for conn, keys in targets.items():
             if conn.is_broker:
                 if forward_frame is None:
-                    forward_frame = encode_forward(publisher, seq, attrs, payload)
+                    forward_frame = encode_forward(publisher, seq, attrs, payload, sec)
                 conn.send_raw(forward_frame)
                 stats.count_forward(conn.peer_id)
             elif conn.congested:
@@ -653,7 +701,7 @@ class Broker:
                 data = deliver_frames.get(key)
                 if data is None:
                     data = deliver_frames[key] = encode_deliver(
-                        keys, publisher, seq, attrs, payload
+                        keys, publisher, seq, attrs, payload, sec=sec
                     )
                 conn.send_raw(data)
                 stats.deliveries += 1

@@ -38,6 +38,12 @@ class BrokerStats:
     congestion_events: int = 0
     forwards_in: int = 0
     routed: int = 0
+    bad_signatures: int = 0
+    shares_in: int = 0
+    shares_split: int = 0
+    shares_forwarded: int = 0
+    shares_delivered: int = 0
+    bad_shares: int = 0
     forwarded: dict[str, int] = field(default_factory=dict)
     messages_in: dict[str, int] = field(default_factory=dict)
     match_buckets: list[int] = field(default_factory=lambda: [0] * (len(MATCH_BUCKETS) + 1))

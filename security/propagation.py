@@ -704,3 +704,33 @@ def _ints(value: object) -> Lineage:
     if not isinstance(value, list):
         raise TypeError(f"expected list, got {type(value).__name__}")
     return tuple(_int(v) for v in value)
+
+
+def coalition_key(records: Iterable[ShareRecord]) -> bytes | None:
+    """Everything a coalition can compute from the share records it pooled: combine any k
+    known children of any node, repeatedly, up to the root. Returns K if they get there.
+
+    This is the attack the collusion tests run; sound sharing keeps it at None whenever
+    every VN has at most f colluding replicas.
+    """
+    known: dict[Lineage, bytes] = {}
+    schemes: dict[Lineage, tuple[int, int]] = {}
+    for record in records:
+        known[record.lineage] = record.opening
+        for cert in record.certs:
+            schemes[cert.node] = (cert.k, cert.r)
+    changed = True
+    while changed and () not in known:
+        changed = False
+        for node, (k, r) in schemes.items():
+            if node in known:
+                continue
+            children = [
+                shamir.Share(j + 1, known[(*node, j)][SALT_SIZE:])
+                for j in range(r)
+                if (*node, j) in known
+            ]
+            if len(children) >= k:
+                known[node] = shamir.combine(children[:k], k)
+                changed = True
+    return known.get(())

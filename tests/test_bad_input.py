@@ -112,7 +112,7 @@ async def test_publish_before_hello_is_out_of_order(
     broker: BrokerProcess, witness: Witness
 ) -> None:
     peer = await RawPeer.connect(broker.endpoint)
-    await peer.send(MsgType.PUBLISH, 1, 1, {"class": "witness"}, b"")
+    await peer.send(MsgType.PUBLISH, 1, 1, {"class": "witness"}, b"", None)
     await expect_error_and_close(peer, "protocol", "PUBLISH before HELLO")
     await witness.check_still_served()
 
@@ -148,7 +148,7 @@ async def test_wrong_value_types_in_a_publication_are_refused(
 ) -> None:
     peer = await RawPeer.connect(broker.endpoint)
     await peer.hello()
-    await peer.send(MsgType.PUBLISH, 1, 1, {"class": "witness", "price": [1, 2]}, b"")
+    await peer.send(MsgType.PUBLISH, 1, 1, {"class": "witness", "price": [1, 2]}, b"", None)
     await expect_error_and_close(
         peer, "invalid_request", "attribute 'price' must be str, int, float or bool, got list"
     )
@@ -158,7 +158,7 @@ async def test_wrong_value_types_in_a_publication_are_refused(
 async def test_wrong_field_types_are_refused(broker: BrokerProcess, witness: Witness) -> None:
     peer = await RawPeer.connect(broker.endpoint)
     await peer.hello()
-    await peer.send(MsgType.PUBLISH, 1, "one", {"class": "witness"}, b"")
+    await peer.send(MsgType.PUBLISH, 1, "one", {"class": "witness"}, b"", None)
     await expect_error_and_close(
         peer, "invalid_request", "PUBLISH field 'seq' must be an unsigned integer"
     )

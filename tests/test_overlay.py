@@ -220,6 +220,7 @@ async def test_bad_input_between_brokers_is_refused_and_the_overlay_keeps_routin
             {"id": "bz", "endpoint": "127.0.0.1:9"},
         ]
     }
+    overlay.write_keys()
     try:
         for b in sorted(tree.brokers):
             overlay.start(b)
@@ -271,7 +272,7 @@ async def test_bad_input_between_brokers_is_refused_and_the_overlay_keeps_routin
             while not isinstance(msg := await peer.receive(), Pong):
                 pass
             await still_routing(4)
-            await peer.send(MsgType.FORWARD, "ghost", 1, {"class": ["not", "scalar"]}, b"")
+            await peer.send(MsgType.FORWARD, "ghost", 1, {"class": ["not", "scalar"]}, b"", None)
             while not isinstance(msg := await peer.receive(), Error):
                 pass
             assert "attribute 'class' must be str, int, float or bool" in msg.message

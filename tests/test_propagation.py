@@ -29,6 +29,7 @@ from security.propagation import (
     ShareInbox,
     ShareRecord,
     SplitCert,
+    coalition_key,
     commitment,
     confidentiality_free,
     pack_record,
@@ -328,29 +329,8 @@ def test_inbox_blames_the_sender_of_a_share_meant_for_another_replica() -> None:
 
 
 def _pooled_reconstruction(world: World, outcome: Outcome) -> bytes | None:
-    """Everything colluders can compute from what they saw: combine any k known children of any
-    node, repeatedly, up to the root."""
-    known: dict[tuple[int, ...], bytes] = {}
-    schemes: dict[tuple[int, ...], tuple[int, int]] = {}
-    for record in (*outcome.seen_by_byzantine, *outcome.made_by_byzantine):
-        known[record.lineage] = record.opening
-        for cert in record.certs:
-            schemes[cert.node] = (cert.k, cert.r)
-    changed = True
-    while changed and () not in known:
-        changed = False
-        for node, (k, r) in schemes.items():
-            if node in known:
-                continue
-            children = [
-                shamir.Share(j + 1, known[(*node, j)][SALT_SIZE:])
-                for j in range(r)
-                if (*node, j) in known
-            ]
-            if len(children) >= k:
-                known[node] = shamir.combine(children[:k], k)
-                changed = True
-    return known.get(())
+    """Everything colluders can compute from what they saw and made."""
+    return coalition_key((*outcome.seen_by_byzantine, *outcome.made_by_byzantine))
 
 
 COLLUSION_PATHS = [[3], [5, 3], [3, 5, 3], [5, 5, 1, 3], [3, 3, 3, 3]]

@@ -117,12 +117,12 @@ def test_truncated_frame_is_detected_at_end_of_stream() -> None:
 def test_field_count_mismatch_names_the_fields() -> None:
     body = msgpack.packb([7, 1, 2])
     with pytest.raises(
-        ProtocolError, match=r"PUBLISH takes 4 fields \(rid, seq, attrs, payload\), got 2"
+        ProtocolError, match=r"PUBLISH takes 5 fields \(rid, seq, attrs, payload, sec\), got 2"
     ):
         list(FrameDecoder().feed(struct.pack(">I", len(body)) + body))
 
 
 def test_non_string_attribute_names_are_refused() -> None:
-    body = msgpack.packb([7, 1, 1, {1: "x"}, b""])
+    body = msgpack.packb([7, 1, 1, {1: "x"}, b"", None])
     with pytest.raises(InvalidRequest, match="attribute name 1"):
         list(FrameDecoder().feed(struct.pack(">I", len(body)) + body))

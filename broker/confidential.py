@@ -1,0 +1,143 @@
+"""Confidential publications on the wire: sealing, checking, re-splitting, reconstruction.
+
+The cryptography lives in ``security`` (envelope, Shamir, share propagation); this module
+binds it to the protocol: how a publication id is formed, what the ``sec`` block carries,
+and the per-publication state a subscriber keeps while shares arrive from its replicas.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from overlay.manifest import Manifest
+from security.envelope import (
+    EnvelopeError,
+    Signer,
+    new_key,
+    open_sealed,
+    public_key_from_bytes,
+    public_key_to_bytes,
+    seal,
+    sign_publication,
+    verify_publication,
+)
+from security.propagation import (
+    ChainVerifier,
+    Member,
+    PathView,
+    PropagationError,
+    ShareRecord,
+    publisher_split,
+    reconstruct,
+    threshold_for,
+)
+
+log = logging.getLogger("trellis.security")
+
+
+def publication_id(publisher: str, seq: int) -> bytes:
+    """The id every signature, commitment and AEAD tag of a publication is bound to."""
+    return f"{publisher}/{seq}".encode()
+
+
+def seal_publication(
+    signer: Signer, seq: int, attrs: dict[str, Any], payload: bytes, vn: str, replicas: int
+) -> tuple[bytes, dict[str, Any], list[ShareRecord]]:
+    """Encrypt under a fresh key, sign, and split the key for the ``replicas`` of ``vn``.
+
+    Returns the sealed payload, the public ``sec`` block, and share i for replica i.
+    """
+    pub_id = publication_id(signer.id, seq)
+    key = new_key()
+    sealed = seal(key, pub_id, attrs, payload)
+    sec = {
+        "pk": public_key_to_bytes(signer.public_key),
+        "sig": sign_publication(signer.key, pub_id, attrs, sealed),
+        "vn": vn,
+    }
+    records = publisher_split(key, threshold_for(replicas), replicas, signer, pub_id)
+    return sealed, sec, records
+
+
+def signature_valid(
+    publisher: str, seq: int, attrs: Any, payload: bytes, sec: dict[str, Any]
+) -> bool:
+    """Whether ``sec`` carries the publisher's valid signature over this content."""
+    try:
+        verify_publication(
+            public_key_from_bytes(sec["pk"]),
+            publication_id(publisher, seq),
+            attrs,
+            payload,
+            sec["sig"],
+        )
+    except (EnvelopeError, ValueError):
+        return False
+    return True
+
+
+def path_view(manifest: Manifest, publisher: str, sec: dict[str, Any], target_vn: str) -> PathView:
+    """Who may sign each split of this publication on its way to ``target_vn``."""
+    vns = manifest.vn_path(sec["vn"], target_vn)
+    return PathView(
+        Member(publisher, public_key_from_bytes(sec["pk"])),
+        tuple(
+            tuple(Member(b, public_key_from_bytes(manifest.keys[b])) for b in manifest.members[vn])
+            for vn in vns
+        ),
+    )
+
+
+@dataclass
+class KeyAssembly:
+    """A subscriber's shares of one publication's key, until the key is recovered."""
+
+    publisher: str
+    seq: int
+    shares: list[tuple[str, ShareRecord]] = field(default_factory=list)
+    key: bytes | None = None
+    culprits: frozenset[str] = frozenset()
+    path: PathView | None = None
+    _verifier: ChainVerifier | None = None
+
+    def add(self, sender: str, record: ShareRecord) -> None:
+        self.shares.append((sender, record))
+
+    def try_key(self, path: PathView) -> bytes | None:
+        """Reconstruct once enough shares are in; None until then."""
+        if self.key is not None:
+            return self.key
+        needed = 1
+        for members in path.vns:
+            needed *= threshold_for(len(members))
+        if len(self.shares) < needed:
+            return None
+        self._verifier = self._verifier or ChainVerifier(path)
+        try:
+            result = reconstruct(
+                self.shares, path, publication_id(self.publisher, self.seq), verifier=self._verifier
+            )
+        except PropagationError as exc:
+            log.warning("reconstruction of %s/%d failed: %s", self.publisher, self.seq, exc)
+            return None
+        if result.culprits:
+            self.culprits = result.culprits
+            log.warning(
+                "publication %s/%d: bad shares from %s",
+                self.publisher,
+                self.seq,
+                ", ".join(sorted(result.culprits)),
+            )
+        self.key = result.key
+        return self.key
+
+    def open(self, attrs: dict[str, Any], sealed: bytes) -> bytes | None:
+        """The plaintext, once the key is known and the AES-GCM tag checks."""
+        if self.key is None:
+            return None
+        try:
+            return open_sealed(self.key, publication_id(self.publisher, self.seq), attrs, sealed)
+        except EnvelopeError:
+            return None

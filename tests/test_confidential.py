@@ -1,0 +1,176 @@
+"""Confidential publications across virtual nodes: per-hop re-splitting of key shares,
+robust reconstruction at subscribers, Byzantine minorities, collusion."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import broker.confidential
+from broker.client import Client
+from broker.errors import TrellisTimeout
+from broker.local import LocalOverlay, start_overlay
+from overlay.tree import broker_names, line_tree
+from security.propagation import coalition_key, unpack_record
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def run_vns(tmp_path: Path) -> Iterator[Callable[..., LocalOverlay]]:
+    started: list[LocalOverlay] = []
+
+    def _run(replicas: list[int], overrides: dict[str, Any] | None = None) -> LocalOverlay:
+        names = broker_names(len(replicas))
+        overlay = start_overlay(
+            tmp_path / f"c{len(started)}",
+            line_tree(names),
+            {"heartbeat_interval": 1.0},
+            replicas=dict(zip(names, replicas, strict=True)),
+            overrides=overrides,
+        )
+        started.append(overlay)
+        return overlay
+
+    yield _run
+    for overlay in started:
+        overlay.stop()
+
+
+@pytest.fixture
+def recorded_keys(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Every content key this process's publishers generate, for the collusion checks."""
+    keys: list[bytes] = []
+    original = broker.confidential.new_key
+
+    def recording() -> bytes:
+        keys.append(original())
+        return keys[-1]
+
+    monkeypatch.setattr(broker.confidential, "new_key", recording)
+    return keys
+
+
+async def confidential_exchange(
+    overlay: LocalOverlay, count: int, wait: float = 10.0
+) -> tuple[list[tuple[int, bytes]], Client]:
+    """Publish ``count`` confidential messages at the first VN; what the last VN's
+    subscriber decrypted, in order (the subscriber client is returned closed)."""
+    vns = sorted(overlay.tree.brokers)
+    pub = Client(overlay.endpoints(vns[0]), client_id="pub")
+    sub_client = Client(overlay.endpoints(vns[-1]), client_id="sub", manifest=overlay.manifest)
+    async with pub, sub_client, sub_client.subscribe("class = 'secret'") as sub:
+        await pub.advertise("class = 'secret'")
+        await asyncio.to_thread(overlay.wait_quiet)
+        for i in range(count):
+            await pub.publish(
+                {"class": "secret", "i": i}, f"payload {i}".encode(), confidential=True
+            )
+        got = []
+        for _ in range(count):
+            try:
+                msg = await sub.get(wait)
+            except TrellisTimeout:
+                break
+            assert msg.confidential
+            got.append((msg.seq, msg.payload))
+        with pytest.raises(TrellisTimeout):
+            await sub.get(0.5)
+        await asyncio.sleep(0.5)  # late shares still arrive after delivery
+    return got, sub_client
+
+
+def expected(count: int) -> list[tuple[int, bytes]]:
+    return [(i + 1, f"payload {i}".encode()) for i in range(count)]
+
+
+async def test_subscriber_decrypts_every_publication_once_in_order(run_vns) -> None:
+    overlay = run_vns([3, 3, 3])
+    got, sub_client = await confidential_exchange(overlay, 20)
+    assert got == expected(20)
+    # SPEC §3: a subscriber h VN hops away receives prod(r) shares of each key.
+    assert {sub_client.key_shares("pub", seq) for seq, _ in got} == {27}
+
+
+@pytest.mark.parametrize("replicas", [[3, 1, 3], [1, 5], [5, 3]], ids=str)
+async def test_share_count_is_the_product_of_replica_counts(run_vns, replicas) -> None:
+    overlay = run_vns(replicas)
+    got, sub_client = await confidential_exchange(overlay, 3)
+    assert got == expected(3)
+    assert {sub_client.key_shares("pub", seq) for seq, _ in got} == {math.prod(replicas)}
+
+
+@pytest.mark.parametrize(
+    "modes",
+    [
+        {"b0.1": "drop", "b1.2": "drop", "b2.0": "drop"},
+        {"b0.2": "corrupt", "b1.0": "corrupt", "b2.1": "corrupt"},
+        {"b0.0": "equivocate", "b1.1": "equivocate", "b2.2": "equivocate"},
+        {"b0.1": "collude", "b1.1": "collude", "b2.1": "collude"},
+        {"b0.0": "drop", "b1.2": "equivocate", "b2.1": "corrupt"},
+    ],
+    ids=["drop", "corrupt", "equivocate", "collude", "mixed"],
+)
+async def test_f_byzantine_replicas_per_vn_cannot_stop_delivery(run_vns, modes) -> None:
+    overrides = {b: {"byzantine": mode} for b, mode in modes.items()}
+    overlay = run_vns([3, 3, 3], overrides)
+    got, _ = await confidential_exchange(overlay, 10)
+    assert got == expected(10)
+
+
+async def test_non_matching_subscriber_gets_no_content_and_no_key_material(run_vns) -> None:
+    overlay = run_vns([3, 3])
+    async with (
+        Client(overlay.endpoints("b0"), client_id="pub") as pub,
+        Client(overlay.endpoints("b1"), client_id="other", manifest=overlay.manifest) as other,
+        Client(overlay.endpoints("b1"), client_id="sub", manifest=overlay.manifest) as sc,
+        other.subscribe("class = 'secret' and i > 100") as nothing,
+        sc.subscribe("class = 'secret'") as sub,
+    ):
+        await pub.advertise("class = 'secret'")
+        await asyncio.to_thread(overlay.wait_quiet)
+        for i in range(5):
+            await pub.publish({"class": "secret", "i": i}, b"x", confidential=True)
+        assert [(await sub.get(10)).seq for _ in range(5)] == [1, 2, 3, 4, 5]
+        await asyncio.sleep(0.5)
+        with pytest.raises(TrellisTimeout):
+            await nothing.get(0.2)
+        assert all(other.key_shares("pub", seq) == 0 for seq in range(1, 6))
+        assert all(sc.key_shares("pub", seq) == 9 for seq in range(1, 6))
+
+
+def pooled_records(overlay: LocalOverlay) -> dict[bytes, list[Any]]:
+    """Every share the colluding brokers recorded, grouped by publication."""
+    pools: dict[bytes, list[Any]] = {}
+    for path in overlay.workdir.glob("*.collude.jsonl"):
+        for line in path.read_text().splitlines():
+            record = unpack_record(bytes.fromhex(json.loads(line)["record"]))
+            pools.setdefault(record.pub_id, []).append(record)
+    return pools
+
+
+async def test_f_colluders_per_vn_never_learn_a_key(run_vns, recorded_keys) -> None:
+    overlay = run_vns([3, 3, 3], {f"b{v}.1": {"byzantine": "collude"} for v in range(3)})
+    got, _ = await confidential_exchange(overlay, 5)
+    assert got == expected(5)
+    pools = pooled_records(overlay)
+    assert len(pools) == 5, "the colluders saw shares of every publication"
+    for records in pools.values():
+        assert coalition_key(records) not in recorded_keys
+        assert coalition_key(records) is None
+
+
+async def test_f_plus_1_colluders_in_one_vn_do_learn_the_keys(run_vns, recorded_keys) -> None:
+    """The control for the test above: a colluding majority in one VN breaks it."""
+    overrides = {b: {"byzantine": "collude"} for b in ("b1.0", "b1.1")}
+    overlay = run_vns([3, 3, 3], overrides)
+    await confidential_exchange(overlay, 3, wait=2.0)
+    pools = pooled_records(overlay)
+    learned = {coalition_key(records) for records in pools.values()}
+    assert learned == set(recorded_keys)
