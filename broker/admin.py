@@ -76,6 +76,22 @@ class BrokerCollector:
         yield counter(
             "trellis_protocol_errors", "Connections closed for bad input", s.protocol_errors
         )
+        yield counter("trellis_shares_received", "Key shares this broker received", s.shares_in)
+        yield counter(
+            "trellis_shares_split", "Key shares re-split toward a next-hop VN", s.shares_split
+        )
+        yield counter(
+            "trellis_shares_forwarded", "Sub-shares sent to next-hop replicas", s.shares_forwarded
+        )
+        yield counter(
+            "trellis_shares_delivered", "Key shares handed to local subscribers", s.shares_delivered
+        )
+        yield counter("trellis_bad_shares", "Key shares discarded as malformed", s.bad_shares)
+        yield counter(
+            "trellis_bad_signatures",
+            "Confidential publications discarded: publisher signature did not verify",
+            s.bad_signatures,
+        )
         yield counter(
             "trellis_requests_rejected", "Requests refused with an error", s.requests_rejected
         )

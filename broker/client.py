@@ -32,7 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, cast
 
-from broker.confidential import KeyAssembly, path_view, seal_publication
+from broker.confidential import EpochKey, KeyAssembly, path_view
 from broker.errors import (
     ERRORS_BY_CODE,
     ConnectionLost,
@@ -371,6 +371,10 @@ class Client:
             may sign which key share; needed to receive confidential publications.
         signer: the Ed25519 identity confidential publications are signed with (a fresh
             one by default).
+        key_refresh: confidential publications share one content key for this many
+            messages (1, the default, is a fresh key per message); key shares travel only
+            with the first publication of each key epoch and to subscribers that join.
+        key_refresh_seconds: also start a new key epoch once the current one is this old.
     """
 
     def __init__(
@@ -386,6 +390,8 @@ class Client:
         first_seq: int = 1,
         manifest: Manifest | str | Path | None = None,
         signer: Signer | None = None,
+        key_refresh: int = 1,
+        key_refresh_seconds: float | None = None,
     ) -> None:
         eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not eps:
@@ -422,6 +428,11 @@ class Client:
         self.vn: str | None = None
         self.vn_size = replicas
         self._assemblies: OrderedDict[tuple[str, int], KeyAssembly] = OrderedDict()
+        if key_refresh < 1:
+            raise ValueError("key_refresh must be at least 1 message")
+        self.key_refresh = key_refresh
+        self.key_refresh_seconds = key_refresh_seconds
+        self._epoch: EpochKey | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -601,12 +612,16 @@ class Client:
         if self._status is not Status.CONNECTED:
             await self._wait_connected()
         assert self.vn is not None
-        sealed, sec, records = seal_publication(
-            self.signer, seq, attrs, payload, self.vn, self.vn_size
-        )
+        epoch = self._epoch
+        if epoch is None or epoch.expired(self.key_refresh, self.key_refresh_seconds):
+            epoch = self._epoch = EpochKey.start(self.signer, seq, self.vn, self.vn_size)
+        sealed, sec = epoch.seal(self.signer, seq, attrs, payload)
+        opens_epoch = seq == epoch.first_seq
 
         def make(rid: int, link: _Link) -> Publish:
-            share = pack_record(records[link.replica])
+            if not opens_epoch:
+                return Publish(rid, seq, attrs, sealed, sec)
+            share = pack_record(epoch.records[link.replica])
             return Publish(rid, seq, attrs, sealed, {**sec, "share": share})
 
         if ack:
@@ -804,7 +819,7 @@ class Client:
                     sub._flush(msg.publisher)
 
     def _decrypt(self, delivery: Delivery) -> bytes | None:
-        """The plaintext of an agreed confidential copy, once its key is recovered."""
+        """The plaintext of an agreed confidential copy, once its epoch key is recovered."""
         if self.manifest is None or self.vn is None:
             log.warning(
                 "confidential publication %s/%d: no manifest to verify its key shares",
@@ -812,16 +827,16 @@ class Client:
                 delivery.seq,
             )
             return None
-        assembly = self._assembly(delivery.publisher, delivery.seq)
+        assert delivery.sec is not None
+        assembly = self._assembly(delivery.publisher, delivery.sec["epoch"])
         if assembly.path is None:
-            assert delivery.sec is not None
             assembly.path = path_view(self.manifest, delivery.publisher, delivery.sec, self.vn)
         assembly.try_key(assembly.path)
-        return assembly.open(delivery.attrs, delivery.payload)
+        return assembly.open(delivery.seq, delivery.attrs, delivery.payload)
 
-    def key_shares(self, publisher: str, seq: int) -> int:
-        """How many key shares of a publication this client has received."""
-        assembly = self._assemblies.get((publisher, seq))
+    def key_shares(self, publisher: str, epoch: int) -> int:
+        """How many shares of a key epoch (named by its first seq) this client received."""
+        assembly = self._assemblies.get((publisher, epoch))
         return len(assembly.shares) if assembly else 0
 
     def _on_message(self, link: _Link, msg: Message) -> None:

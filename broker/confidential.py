@@ -8,6 +8,7 @@ and the per-publication state a subscriber keeps while shares arrive from its re
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,23 +43,48 @@ def publication_id(publisher: str, seq: int) -> bytes:
     return f"{publisher}/{seq}".encode()
 
 
-def seal_publication(
-    signer: Signer, seq: int, attrs: dict[str, Any], payload: bytes, vn: str, replicas: int
-) -> tuple[bytes, dict[str, Any], list[ShareRecord]]:
-    """Encrypt under a fresh key, sign, and split the key for the ``replicas`` of ``vn``.
+@dataclass
+class EpochKey:
+    """A publisher's content key for one key epoch, named by the epoch's first seq.
 
-    Returns the sealed payload, the public ``sec`` block, and share i for replica i.
+    Each publication is sealed under the epoch key with its own id as associated data
+    (and a fresh nonce); the key's shares, one per replica of the edge VN, are bound to
+    the epoch's first publication id.
     """
-    pub_id = publication_id(signer.id, seq)
-    key = new_key()
-    sealed = seal(key, pub_id, attrs, payload)
-    sec = {
-        "pk": public_key_to_bytes(signer.public_key),
-        "sig": sign_publication(signer.key, pub_id, attrs, sealed),
-        "vn": vn,
-    }
-    records = publisher_split(key, threshold_for(replicas), replicas, signer, pub_id)
-    return sealed, sec, records
+
+    key: bytes
+    first_seq: int
+    vn: str
+    records: list[ShareRecord]
+    started: float
+    used: int = 0
+
+    @classmethod
+    def start(cls, signer: Signer, first_seq: int, vn: str, replicas: int) -> EpochKey:
+        key = new_key()
+        pub_id = publication_id(signer.id, first_seq)
+        records = publisher_split(key, threshold_for(replicas), replicas, signer, pub_id)
+        return cls(key, first_seq, vn, records, time.monotonic())
+
+    def expired(self, messages: int, seconds: float | None) -> bool:
+        if self.used >= messages:
+            return True
+        return seconds is not None and time.monotonic() - self.started >= seconds
+
+    def seal(
+        self, signer: Signer, seq: int, attrs: dict[str, Any], payload: bytes
+    ) -> tuple[bytes, dict[str, Any]]:
+        """Encrypt and sign one publication; returns the sealed payload and ``sec`` block."""
+        self.used += 1
+        pub_id = publication_id(signer.id, seq)
+        sealed = seal(self.key, pub_id, attrs, payload)
+        sec = {
+            "pk": public_key_to_bytes(signer.public_key),
+            "sig": sign_publication(signer.key, pub_id, attrs, sealed),
+            "vn": self.vn,
+            "epoch": self.first_seq,
+        }
+        return sealed, sec
 
 
 def signature_valid(
@@ -92,10 +118,10 @@ def path_view(manifest: Manifest, publisher: str, sec: dict[str, Any], target_vn
 
 @dataclass
 class KeyAssembly:
-    """A subscriber's shares of one publication's key, until the key is recovered."""
+    """A subscriber's shares of one key epoch, until the key is recovered."""
 
     publisher: str
-    seq: int
+    seq: int  # the epoch's first publication
     shares: list[tuple[str, ShareRecord]] = field(default_factory=list)
     key: bytes | None = None
     culprits: frozenset[str] = frozenset()
@@ -133,11 +159,11 @@ class KeyAssembly:
         self.key = result.key
         return self.key
 
-    def open(self, attrs: dict[str, Any], sealed: bytes) -> bytes | None:
-        """The plaintext, once the key is known and the AES-GCM tag checks."""
+    def open(self, seq: int, attrs: dict[str, Any], sealed: bytes) -> bytes | None:
+        """The plaintext of publication ``seq``, once the key is known and the tag checks."""
         if self.key is None:
             return None
         try:
-            return open_sealed(self.key, publication_id(self.publisher, self.seq), attrs, sealed)
+            return open_sealed(self.key, publication_id(self.publisher, seq), attrs, sealed)
         except EnvelopeError:
             return None

@@ -101,7 +101,7 @@ def start_broker(
     host: str = "127.0.0.1",
     port: int = 0,
     settings: dict[str, Any] | None = None,
-    ready_timeout: float = 20.0,
+    ready_timeout: float = 40.0,
     env: dict[str, str] | None = None,
 ) -> BrokerProcess:
     """Start ``trellis broker`` as a child process and wait until it listens."""

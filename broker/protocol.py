@@ -28,7 +28,8 @@ Layouts (``rid`` is a request id the broker echoes in ACK/ERROR; 0 asks for no A
 
 ``sec`` is nil for a plain publication. For a confidential one the payload is AES-GCM
 ciphertext and ``sec`` is a map: ``pk`` (publisher's Ed25519 key), ``sig`` (its signature),
-``vn`` (the publisher's edge VN) and, in PUBLISH only, ``share`` (this replica's share).
+``vn`` (the publisher's edge VN), ``epoch`` (the seq of the first publication under the
+same content key) and, in a PUBLISH that opens an epoch, ``share`` (this replica's share).
 
 Between brokers, ADVERTISE/UNADVERTISE/SUBSCRIBE/UNSUBSCRIBE travel with rid 0 and
 overlay-wide keys (``origin-broker/client/id``) in place of the client's ids.
@@ -513,7 +514,7 @@ def _build_publish(name: str, raw: list[Any]) -> Publish:
         _uint(name, "seq", raw[2]),
         validate_attrs(name, raw[3]),
         _payload(name, raw[4]),
-        _sec(name, raw[5], with_share=True),
+        _sec(name, raw[5]),
     )
 
 
@@ -579,15 +580,20 @@ def _build_share(name: str, raw: list[Any]) -> Share:
     return Share(_ident(name, "publisher", raw[1]), _uint(name, "seq", raw[2]), record)
 
 
-def _sec(name: str, value: object, with_share: bool = False) -> dict[str, Any] | None:
+def _sec(name: str, value: object) -> dict[str, Any] | None:
     """Check the security block of a confidential publication (nil for plain ones)."""
     if value is None:
         return None
     if not isinstance(value, dict):
         raise InvalidRequest(f"{name} field 'sec' must be nil or a map")
-    for key in ("pk", "sig", *(("share",) if with_share else ())):
+    for key in ("pk", "sig"):
         if type(value.get(key)) is not bytes:
             raise InvalidRequest(f"{name} field 'sec.{key}' must be binary")
+    if "share" in value and type(value["share"]) is not bytes:
+        raise InvalidRequest(f"{name} field 'sec.share' must be binary")
+    epoch = value.get("epoch")
+    if type(epoch) is not int or epoch < 1:
+        raise InvalidRequest(f"{name} field 'sec.epoch' must be a positive integer")
     if type(value.get("vn")) is not str:
         raise InvalidRequest(f"{name} field 'sec.vn' must be a string")
     return value

@@ -1,8 +1,15 @@
 """Secret forwarding inside one broker (SPEC §3): re-split every key share per next hop.
 
-Every share this replica holds for a publication is split again with (k', r') for each
+Every share this replica holds for a key epoch is split again with (k', r') for each
 next-hop virtual node, sub-share j going to replica j; a local subscriber receives the
 shares themselves. Content travels separately (FORWARD/DELIVER), deduplicated per hop.
+
+Key epochs: a publisher may encrypt several publications under one key. Shares then travel
+once per epoch and per hop: the first time a publication of an epoch is routed to a hop,
+this replica sends that hop every share it holds for the epoch, and every share that
+arrives later goes to every hop already served. A subscriber or branch that appears
+mid-epoch is therefore served from the shares its upstream replicas hold.
+
 Fault injection (``byzantine``) lives here too, so tests and demos can show what a
 Byzantine minority can and cannot do.
 """
@@ -34,12 +41,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trellis.security")
 
-_ROUTE_MEMORY = 8192
-_EARLY_SHARES = 4096
+_EPOCH_MEMORY = 4096
 
 
 class SecureForwarding:
-    """Per-broker state of confidential publications: routes, keys, early shares."""
+    """Per-broker state of confidential publications: epoch shares held, hops served."""
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
@@ -50,10 +56,10 @@ class SecureForwarding:
         if config.key_file is not None:
             raw = bytes.fromhex(Path(config.key_file).read_text(encoding="utf-8").strip())
             self.signer = Signer(config.id, private_key_from_bytes(raw))
-        # (publisher, seq) -> the hops this broker routed the publication to.
-        self.routes: OrderedDict[tuple[str, int], dict[Any, list[str]]] = OrderedDict()
-        # Shares that overtook their content (from another upstream replica).
-        self.early: OrderedDict[tuple[str, int], list[bytes]] = OrderedDict()
+        # (publisher, epoch) -> the share records this replica holds for that key
+        self.held: OrderedDict[tuple[str, int], list[ShareRecord]] = OrderedDict()
+        # (publisher, epoch) -> hops that have been sent this replica's shares
+        self.served: OrderedDict[tuple[str, int], list[Any]] = OrderedDict()
         self.collude_log = config.collude_log if self.mode == "collude" else None
 
     @property
@@ -68,8 +74,14 @@ class SecureForwarding:
         assert sec is not None
         if sec["vn"] != self.broker.vn:
             return f"sec.vn is {sec['vn']!r} but this broker belongs to {self.broker.vn!r}"
+        if sec["epoch"] > msg.seq:
+            return f"epoch {sec['epoch']} starts after the publication itself"
         if not signature_valid(publisher, msg.seq, msg.attrs, msg.payload, sec):
             return "the publisher signature does not verify"
+        if "share" not in sec:
+            return None
+        if sec["epoch"] != msg.seq:
+            return "key shares travel only with the first publication of their epoch"
         try:
             record = unpack_record(sec["share"])
         except PropagationError as exc:
@@ -80,46 +92,62 @@ class SecureForwarding:
             return f"share {record.lineage} is not for replica {self.broker.config.replica}"
         return None
 
-    def route_known(self, publisher: str, seq: int, targets: dict[Any, list[str]]) -> None:
-        """Remember where a confidential publication went; release shares that waited."""
-        key = (publisher, seq)
-        self.routes[key] = targets
-        if len(self.routes) > _ROUTE_MEMORY:
-            self.routes.popitem(last=False)
-        for raw in self.early.pop(key, ()):
-            self.share_arrived(publisher, seq, raw)
+    def _remember(
+        self, table: OrderedDict[tuple[str, int], list[Any]], key: tuple[str, int]
+    ) -> list[Any]:
+        entry = table.get(key)
+        if entry is None:
+            entry = table[key] = []
+            if len(table) > _EPOCH_MEMORY:
+                table.popitem(last=False)
+        return entry
 
-    def share_arrived(self, publisher: str, seq: int, raw: bytes, source: Any = None) -> None:
-        """Handle one share this replica now holds: re-split it toward every next hop."""
+    def routed(self, publisher: str, epoch: int, targets: dict[Any, list[str]]) -> None:
+        """A publication of ``epoch`` went to ``targets``: serve the hops new to the epoch."""
+        if self.mode == "drop" or not self.enabled:
+            return
+        key = (publisher, epoch)
+        served = self._remember(self.served, key)
+        held = self.held.get(key, ())
+        for hop in targets:
+            if hop not in served:
+                served.append(hop)
+                for record in held:
+                    self._send(hop, publisher, epoch, record)
+
+    def share_arrived(self, publisher: str, epoch: int, raw: bytes, source: Any = None) -> None:
+        """This replica now holds one more share of an epoch's key: pass it on."""
         stats = self.broker.stats
         stats.shares_in += 1
         if self.mode == "drop" or not self.enabled:
-            return
-        key = (publisher, seq)
-        targets = self.routes.get(key)
-        if targets is None:
-            waiting = self.early.setdefault(key, [])
-            waiting.append(raw)
-            if len(self.early) > _EARLY_SHARES:
-                self.early.popitem(last=False)
             return
         try:
             record = unpack_record(raw)
         except PropagationError as exc:
             stats.bad_shares += 1
-            log.warning("malformed share of %s/%d from %s: %s", publisher, seq, source, exc)
+            log.warning("malformed share of %s/%d from %s: %s", publisher, epoch, source, exc)
             return
-        if record.pub_id != publication_id(publisher, seq):
+        if record.pub_id != publication_id(publisher, epoch):
             stats.bad_shares += 1
+            log.warning(
+                "share for %r arrived as %s/%d from %s", record.pub_id, publisher, epoch, source
+            )
             return
         if self.collude_log is not None:
             self._record_collusion(raw)
-        for hop, _ in targets.items():
-            if hop.is_broker:
-                self._split_toward(hop, publisher, seq, record)
-            elif not hop.closing:
-                hop.send(Share(publisher, seq, raw))
-                stats.shares_delivered += 1
+        key = (publisher, epoch)
+        self._remember(self.held, key).append(record)
+        for hop in self.served.get(key, ()):
+            self._send(hop, publisher, epoch, record)
+
+    def _send(self, hop: Any, publisher: str, epoch: int, record: ShareRecord) -> None:
+        if hop.closing:
+            return
+        if hop.is_broker:
+            self._split_toward(hop, publisher, epoch, record)
+        else:
+            hop.send(Share(publisher, epoch, pack_record(record)))
+            self.broker.stats.shares_delivered += 1
 
     def _split_toward(self, hop: Any, publisher: str, seq: int, record: ShareRecord) -> None:
         assert self.signer is not None

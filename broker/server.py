@@ -632,10 +632,11 @@ class Broker:
             if problem:
                 source.reject(msg.rid, InvalidRequest(f"PUBLISH seq {msg.seq}: {problem}"))
                 return
-            share = sec["share"]
+            share = sec.get("share")
             public = {k: v for k, v in sec.items() if k != "share"}
             self.dispatch(source, source.peer_id, msg.seq, msg.attrs, msg.payload, public)
-            self.secure.share_arrived(source.peer_id, msg.seq, share)
+            if share is not None:
+                self.secure.share_arrived(source.peer_id, msg.seq, share)
         if msg.rid:
             source.send(Ack(msg.rid))
 
@@ -681,8 +682,6 @@ class Broker:
             started = time.perf_counter()
             targets = self.router.route(attrs, source)
             stats.observe_match(time.perf_counter() - started)
-        if sec is not None:
-            self.secure.route_known(publisher, seq, targets)
         forward_frame: bytes | None = None
         deliver_frames: dict[tuple[str, ...], bytes] = {}
         for conn, keys in targets.items():
@@ -705,6 +704,9 @@ class Broker:
                     )
                 conn.send_raw(data)
                 stats.deliveries += 1
+        if sec is not None:
+            # After the content, so every hop sees a publication before its key shares.
+            self.secure.routed(publisher, sec["epoch"], targets)
 
     def flush(self) -> None:
         dirty = self.dirty
@@ -791,6 +793,13 @@ class Server:
             admin = await start_admin(self.broker, self.config.host, self.config.admin_port)
             self.admin_port = admin.sockets[0].getsockname()[1]
         log.info("broker %s listening on %s:%d", self.config.id, self.config.host, self.port)
+        if self.config.vn_size < 3:
+            log.warning(
+                "VN %s has %d replica(s): it tolerates no Byzantine replica, and its brokers can "
+                "read the keys of confidential publications routed through it",
+                self.broker.vn,
+                self.config.vn_size,
+            )
         self._write_ready_file()
         async with asyncio.TaskGroup() as tg:
             background = [tg.create_task(self.broker.heartbeat())]

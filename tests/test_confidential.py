@@ -174,3 +174,51 @@ async def test_f_plus_1_colluders_in_one_vn_do_learn_the_keys(run_vns, recorded_
     pools = pooled_records(overlay)
     learned = {coalition_key(records) for records in pools.values()}
     assert learned == set(recorded_keys)
+
+
+async def test_key_epoch_sends_shares_once_per_epoch(run_vns) -> None:
+    overlay = run_vns([3, 3, 3])
+    async with (
+        Client(overlay.endpoints("b0"), client_id="pub", key_refresh=10) as pub,
+        Client(overlay.endpoints("b2"), client_id="sub", manifest=overlay.manifest) as sc,
+        sc.subscribe("class = 'secret'") as sub,
+    ):
+        await pub.advertise("class = 'secret'")
+        await asyncio.to_thread(overlay.wait_quiet)
+        for i in range(30):
+            await pub.publish(
+                {"class": "secret", "i": i}, f"payload {i}".encode(), confidential=True
+            )
+        got = [(m.seq, m.payload) for m in [await sub.get(10) for _ in range(30)]]
+        await asyncio.sleep(0.5)
+        shares = {seq: sc.key_shares("pub", seq) for seq in range(1, 31)}
+    assert got == expected(30)
+    # Three epochs (seqs 1, 11, 21): 3 x 27 shares instead of 30 x 27, 90% less.
+    assert {seq: n for seq, n in shares.items() if n} == {1: 27, 11: 27, 21: 27}
+
+
+async def test_subscriber_joining_mid_epoch_decrypts_the_rest_of_it(run_vns) -> None:
+    overlay = run_vns([3, 3])
+    async with (
+        Client(overlay.endpoints("b0"), client_id="pub", key_refresh=100) as pub,
+        Client(overlay.endpoints("b1"), client_id="early", manifest=overlay.manifest) as ec,
+        ec.subscribe("class = 'secret'") as early,
+    ):
+        await pub.advertise("class = 'secret'")
+        await asyncio.to_thread(overlay.wait_quiet)
+        for i in range(5):
+            await pub.publish(
+                {"class": "secret", "i": i}, f"payload {i}".encode(), confidential=True
+            )
+        assert [(await early.get(10)).seq for _ in range(5)] == [1, 2, 3, 4, 5]
+        async with (
+            Client(overlay.endpoints("b1"), client_id="late", manifest=overlay.manifest) as lc,
+            lc.subscribe("class = 'secret'") as late,
+        ):
+            await asyncio.to_thread(overlay.wait_quiet)
+            for i in range(5, 10):
+                await pub.publish(
+                    {"class": "secret", "i": i}, f"payload {i}".encode(), confidential=True
+                )
+            got = [(m.seq, m.payload) for m in [await late.get(10) for _ in range(5)]]
+    assert got == expected(10)[5:]
