@@ -86,7 +86,19 @@ class BrokerCollector:
         yield counter(
             "trellis_shares_delivered", "Key shares handed to local subscribers", s.shares_delivered
         )
-        yield counter("trellis_bad_shares", "Key shares discarded as malformed", s.bad_shares)
+        yield counter(
+            "trellis_bad_shares",
+            "Key shares rejected (malformed or failing verification)",
+            s.bad_shares,
+        )
+        blame = CounterMetricFamily(
+            "trellis_share_blame",
+            "Bad key shares attributed to the broker that produced them",
+            labels=["broker", "culprit"],
+        )
+        for culprit, count in sorted(s.blamed.items()):
+            blame.add_metric([b.config.id, culprit], count)
+        yield blame
         yield counter(
             "trellis_bad_signatures",
             "Confidential publications discarded: publisher signature did not verify",

@@ -812,9 +812,10 @@ class Client:
             return
         assembly = self._assembly(msg.publisher, msg.seq)
         assembly.add(link.broker_id, record)
-        if assembly.key is None and assembly.path is not None:
+        if assembly.path is not None:
+            had_key = assembly.key is not None
             assembly.try_key(assembly.path)
-            if assembly.key is not None:
+            if assembly.key is not None and not had_key:
                 for sub in list(self._subscriptions.values()):
                     sub._flush(msg.publisher)
 
@@ -833,6 +834,11 @@ class Client:
             assembly.path = path_view(self.manifest, delivery.publisher, delivery.sec, self.vn)
         assembly.try_key(assembly.path)
         return assembly.open(delivery.seq, delivery.attrs, delivery.payload)
+
+    def share_culprits(self) -> set[str]:
+        """Brokers proven to have sent bad key shares to this client (robust reconstruction
+        attributes every bad share it sees)."""
+        return {c for assembly in self._assemblies.values() for c in assembly.culprits}
 
     def key_shares(self, publisher: str, epoch: int) -> int:
         """How many shares of a key epoch (named by its first seq) this client received."""

@@ -8,6 +8,7 @@ and the per-publication state a subscriber keeps while shares arrive from its re
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,11 +81,19 @@ class EpochKey:
         sealed = seal(self.key, pub_id, attrs, payload)
         sec = {
             "pk": public_key_to_bytes(signer.public_key),
-            "sig": sign_publication(signer.key, pub_id, attrs, sealed),
+            "sig": sign_publication(
+                signer.key, signed_id(signer.id, seq, self.vn, self.first_seq), attrs, sealed
+            ),
             "vn": self.vn,
             "epoch": self.first_seq,
         }
         return sealed, sec
+
+
+def signed_id(publisher: str, seq: int, vn: str, epoch: int) -> bytes:
+    """What the publisher's signature binds besides content: the publication, the VN its
+    shares start from and its key epoch (so no broker can redirect share verification)."""
+    return f"{publisher}/{seq}@{vn}#{epoch}".encode()
 
 
 def signature_valid(
@@ -94,7 +103,7 @@ def signature_valid(
     try:
         verify_publication(
             public_key_from_bytes(sec["pk"]),
-            publication_id(publisher, seq),
+            signed_id(publisher, seq, sec["vn"], sec["epoch"]),
             attrs,
             payload,
             sec["sig"],
@@ -126,37 +135,48 @@ class KeyAssembly:
     key: bytes | None = None
     culprits: frozenset[str] = frozenset()
     path: PathView | None = None
+    audited: bool = False
     _verifier: ChainVerifier | None = None
 
     def add(self, sender: str, record: ShareRecord) -> None:
         self.shares.append((sender, record))
 
     def try_key(self, path: PathView) -> bytes | None:
-        """Reconstruct once enough shares are in; None until then."""
-        if self.key is not None:
+        """Reconstruct once enough shares are in; None until then.
+
+        Once every expected share has arrived, reconstruct one last time with the wait
+        over, so that every bad share is attributed even if the key came earlier.
+        """
+        total = math.prod(len(members) for members in path.vns)
+        if self.key is not None and (self.audited or len(self.shares) < total):
             return self.key
-        needed = 1
-        for members in path.vns:
-            needed *= threshold_for(len(members))
+        needed = math.prod(threshold_for(len(members)) for members in path.vns)
         if len(self.shares) < needed:
             return None
+        complete = len(self.shares) >= total
         self._verifier = self._verifier or ChainVerifier(path)
         try:
             result = reconstruct(
-                self.shares, path, publication_id(self.publisher, self.seq), verifier=self._verifier
+                self.shares,
+                path,
+                publication_id(self.publisher, self.seq),
+                verifier=self._verifier,
+                complete=complete,
             )
         except PropagationError as exc:
             log.warning("reconstruction of %s/%d failed: %s", self.publisher, self.seq, exc)
-            return None
-        if result.culprits:
-            self.culprits = result.culprits
+            return self.key
+        self.audited = complete
+        if result.culprits - self.culprits:
+            self.culprits = self.culprits | result.culprits
             log.warning(
                 "publication %s/%d: bad shares from %s",
                 self.publisher,
                 self.seq,
                 ", ".join(sorted(result.culprits)),
             )
-        self.key = result.key
+        if self.key is None:
+            self.key = result.key
         return self.key
 
     def open(self, seq: int, attrs: dict[str, Any], sealed: bytes) -> bytes | None:

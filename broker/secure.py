@@ -23,12 +23,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker.confidential import publication_id, signature_valid
+from broker.confidential import path_view, publication_id, signature_valid
 from broker.protocol import Publish, Share
 from overlay.manifest import Manifest
+from overlay.tree import TopologyError
 from security.envelope import Signer, private_key_from_bytes
 from security.propagation import (
     PropagationError,
+    ShareInbox,
     ShareRecord,
     pack_record,
     resplit,
@@ -60,6 +62,10 @@ class SecureForwarding:
         self.held: OrderedDict[tuple[str, int], list[ShareRecord]] = OrderedDict()
         # (publisher, epoch) -> hops that have been sent this replica's shares
         self.served: OrderedDict[tuple[str, int], list[Any]] = OrderedDict()
+        # (publisher, epoch) -> the verifier of incoming shares, once the content is known
+        self.inboxes: OrderedDict[tuple[str, int], ShareInbox] = OrderedDict()
+        # shares that arrived before any content of their epoch: (record, sender)
+        self.unverified: OrderedDict[tuple[str, int], list[Any]] = OrderedDict()
         self.collude_log = config.collude_log if self.mode == "collude" else None
 
     @property
@@ -102,11 +108,15 @@ class SecureForwarding:
                 table.popitem(last=False)
         return entry
 
-    def routed(self, publisher: str, epoch: int, targets: dict[Any, list[str]]) -> None:
+    def routed(
+        self, publisher: str, epoch: int, targets: dict[Any, list[str]], sec: dict[str, Any]
+    ) -> None:
         """A publication of ``epoch`` went to ``targets``: serve the hops new to the epoch."""
         if self.mode == "drop" or not self.enabled:
             return
         key = (publisher, epoch)
+        if key not in self.inboxes:
+            self._open_inbox(key, sec)
         served = self._remember(self.served, key)
         held = self.held.get(key, ())
         for hop in targets:
@@ -136,9 +146,48 @@ class SecureForwarding:
         if self.collude_log is not None:
             self._record_collusion(raw)
         key = (publisher, epoch)
+        sender = publisher if source is None else source.peer_id
+        if key in self.inboxes:
+            self._accept(key, record, sender)
+        else:
+            self._remember(self.unverified, key).append((record, sender))
+
+    def _open_inbox(self, key: tuple[str, int], sec: dict[str, Any]) -> None:
+        """Start verifying an epoch's shares against the manifest's view of its path."""
+        assert self.manifest is not None
+        try:
+            path = path_view(self.manifest, key[0], sec, self.broker.vn)
+            inbox = ShareInbox(path, publication_id(*key), path.depth, self.broker.config.replica)
+        except (PropagationError, TopologyError, KeyError) as exc:
+            log.warning("cannot verify shares of %s/%d: %s", key[0], key[1], exc)
+            return
+        self.inboxes[key] = inbox
+        if len(self.inboxes) > _EPOCH_MEMORY:
+            self.inboxes.popitem(last=False)
+        for record, sender in self.unverified.pop(key, ()):
+            self._accept(key, record, sender)
+
+    def _accept(self, key: tuple[str, int], record: ShareRecord, sender: str) -> None:
+        """Hold a verified share and pass it on; blame the sender of a bad one."""
+        inbox = self.inboxes[key]
+        before = len(inbox.blames)
+        if not inbox.offer(record, sender):
+            stats = self.broker.stats
+            for blame in inbox.blames[before:]:
+                stats.bad_shares += 1
+                stats.blamed[blame.broker] = stats.blamed.get(blame.broker, 0) + 1
+                log.warning(
+                    "share of %s/%d rejected: %s by %s: %s",
+                    key[0],
+                    key[1],
+                    blame.fault,
+                    blame.broker,
+                    blame.detail,
+                )
+            return
         self._remember(self.held, key).append(record)
         for hop in self.served.get(key, ()):
-            self._send(hop, publisher, epoch, record)
+            self._send(hop, key[0], key[1], record)
 
     def _send(self, hop: Any, publisher: str, epoch: int, record: ShareRecord) -> None:
         if hop.closing:

@@ -706,7 +706,7 @@ class Broker:
                 stats.deliveries += 1
         if sec is not None:
             # After the content, so every hop sees a publication before its key shares.
-            self.secure.routed(publisher, sec["epoch"], targets)
+            self.secure.routed(publisher, sec["epoch"], targets, sec)
 
     def flush(self) -> None:
         dirty = self.dirty

@@ -44,6 +44,7 @@ class BrokerStats:
     shares_forwarded: int = 0
     shares_delivered: int = 0
     bad_shares: int = 0
+    blamed: dict[str, int] = field(default_factory=dict)
     forwarded: dict[str, int] = field(default_factory=dict)
     messages_in: dict[str, int] = field(default_factory=dict)
     match_buckets: list[int] = field(default_factory=lambda: [0] * (len(MATCH_BUCKETS) + 1))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -222,3 +223,22 @@ async def test_subscriber_joining_mid_epoch_decrypts_the_rest_of_it(run_vns) -> 
                 )
             got = [(m.seq, m.payload) for m in [await late.get(10) for _ in range(5)]]
     assert got == expected(10)[5:]
+
+
+async def test_bad_shares_are_blamed_on_their_producer_in_metrics(run_vns) -> None:
+    overrides = {"b0.2": {"byzantine": "corrupt"}, "b1.0": {"byzantine": "equivocate"}}
+    overlay = run_vns([3, 3, 3], overrides)
+    got, sub_client = await confidential_exchange(overlay, 4)
+    assert got == expected(4)
+    # Equivocation shows only when both versions meet: at the subscriber.
+    assert sub_client.share_culprits() == {"b1.0"}
+
+    def blamed(broker_id: str) -> dict[str, float]:
+        text = overlay.metrics(broker_id)
+        pattern = r'trellis_share_blame_total\{broker="[^"]+",culprit="([^"]+)"\} (\S+)'
+        return {m.group(1): float(m.group(2)) for m in re.finditer(pattern, text)}
+
+    next_hop = [await asyncio.to_thread(blamed, b) for b in ("b1.1", "b1.2")]
+    assert all(b.keys() == {"b0.2"} and b["b0.2"] >= 4 for b in next_hop)
+    after_equivocator = [await asyncio.to_thread(blamed, b) for b in ("b2.0", "b2.1", "b2.2")]
+    assert all(set(b) <= {"b1.0"} for b in after_equivocator), "no honest broker is blamed"
