@@ -12,6 +12,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from overlay.manifest import Manifest
 from security.envelope import (
@@ -113,16 +114,22 @@ def signature_valid(
     return True
 
 
+_PATH_CACHE: WeakKeyDictionary[Manifest, dict[tuple[str, str], tuple[tuple[Member, ...], ...]]]
+_PATH_CACHE = WeakKeyDictionary()
+
+
 def path_view(manifest: Manifest, publisher: str, sec: dict[str, Any], target_vn: str) -> PathView:
     """Who may sign each split of this publication on its way to ``target_vn``."""
-    vns = manifest.vn_path(sec["vn"], target_vn)
-    return PathView(
-        Member(publisher, public_key_from_bytes(sec["pk"])),
-        tuple(
+    paths = _PATH_CACHE.setdefault(manifest, {})
+    key = (sec["vn"], target_vn)
+    vns = paths.get(key)
+    if vns is None:
+        # Decoding the members' keys once per path, not once per publication.
+        vns = paths[key] = tuple(
             tuple(Member(b, public_key_from_bytes(manifest.keys[b])) for b in manifest.members[vn])
-            for vn in vns
-        ),
-    )
+            for vn in manifest.vn_path(sec["vn"], target_vn)
+        )
+    return PathView(Member(publisher, public_key_from_bytes(sec["pk"])), vns)
 
 
 @dataclass

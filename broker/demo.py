@@ -1,9 +1,12 @@
 """`trellis demo`: the embedded default job.
 
-Starts a local overlay of real broker processes, attaches subscribers with different
-content filters at different brokers and a publisher streaming stock quotes at one end,
-then prints what each subscriber got next to what an oracle computed from the filters
-says it should have got, and how much traffic each overlay link carried.
+Starts a local overlay of real broker processes: a line of virtual nodes, each a group of
+three replica brokers, two of them with a Byzantine replica. Subscribers with different
+content filters attach at different VNs; a publisher streams plain stock quotes and
+confidential orders (encrypted, key shares re-split at every hop). The summary compares
+what each subscriber got with what an oracle computed from the filters alone, and shows
+the routing tables, per-link traffic, key shares and the blame for bad shares. Then the
+OCBR simulator and the MTPSTO solvers run on generated models (no sockets).
 """
 
 from __future__ import annotations
@@ -13,120 +16,175 @@ import random
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 from broker.client import Client, Subscription
 from broker.filters import parse_filter
-from broker.local import start_overlay
+from broker.local import LocalOverlay, start_overlay
 from overlay.tree import broker_names, line_tree
 
+VNS = 4
+REPLICAS = 3
+BYZANTINE = {"b1.2": "corrupt", "b2.0": "equivocate"}
 SUBSCRIBERS = {
-    # name: (broker index along the line, filter)
-    "cheap-acme": (4, "class = 'stock' and symbol = 'ACME' and price < 50"),
+    # name: (VN index along the line, filter)
+    "cheap-acme": (3, "class = 'stock' and symbol = 'ACME' and price < 50"),
     "tech-range": (
         2,
         "class = 'stock' and symbol in ('INIT', 'TECH') and price >= 20 and price <= 80",
     ),
-    "all-stock": (4, "class = 'stock'"),
+    "all-stock": (3, "class = 'stock'"),
     "a-names": (1, "class = 'stock' and symbol prefix 'A'"),
-    "bonds": (3, "class = 'bond'"),
+    "big-orders": (3, "class = 'order' and qty >= 500"),
+    "bonds": (2, "class = 'bond'"),
 }
 SYMBOLS = ("ACME", "ABCO", "INIT", "TECH", "ZETA")
 
 
-async def _collect(sub: Subscription, expected: int, deadline: float) -> int:
-    got = 0
-    while got < expected:
+async def _collect(sub: Subscription, expected: int, deadline: float) -> list[Any]:
+    got = []
+    while len(got) < expected:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
         try:
-            await sub.get(remaining)
+            got.append(await sub.get(remaining))
         except Exception:
             break
-        got += 1
     return got
 
 
-def _forwarded(metrics: str) -> dict[str, int]:
-    pattern = r'trellis_publications_forwarded_total\{broker="[^"]+",link="([^"]+)"\} (\S+)'
+def _metric_by_label(metrics: str, name: str, label: str) -> dict[str, int]:
+    pattern = rf'{name}\{{broker="[^"]+",{label}="([^"]+)"\}} (\S+)'
     return {m.group(1): int(float(m.group(2))) for m in re.finditer(pattern, metrics)}
 
 
-async def run_demo(workdir: Path, count: int = 2000, brokers: int = 5, seed: int = 7) -> int:
-    rng = random.Random(seed)
-    names = broker_names(brokers)
-    tree = line_tree(names)
-    print(f"starting {brokers} broker processes in a line: {' - '.join(names)}")
-    overlay = await asyncio.to_thread(start_overlay, workdir, tree)
-    for b, proc in sorted(overlay.brokers.items()):
-        print(f"  {b}: pid {proc.pid}, clients on {proc.endpoint}, metrics on {proc.admin_url}")
-    try:
-        quotes = [
-            {
-                "class": "stock",
-                "symbol": rng.choice(SYMBOLS),
-                "price": round(rng.uniform(1, 100), 2),
-            }
-            for _ in range(count)
-        ]
-        expected = {
-            name: sum(parse_filter(text).matches(q) for q in quotes)
-            for name, (_, text) in SUBSCRIBERS.items()
+async def _traffic(overlay: LocalOverlay, names: list[str], count: int, rng: random.Random) -> int:
+    quotes = [
+        {"class": "stock", "symbol": rng.choice(SYMBOLS), "price": round(rng.uniform(1, 100), 2)}
+        for _ in range(count)
+    ]
+    orders = [
+        {"class": "order", "symbol": rng.choice(SYMBOLS), "qty": rng.randrange(1, 1000)}
+        for _ in range(count // 20)
+    ]
+    expected = {
+        name: [p for p in quotes + orders if parse_filter(text).matches(p)]
+        for name, (_, text) in SUBSCRIBERS.items()
+    }
+    manifest = overlay.manifest
+    clients, subs = [], {}
+    for name, (at, text) in SUBSCRIBERS.items():
+        client = Client(overlay.endpoints(names[at]), client_id=name, manifest=manifest)
+        await client.connect()
+        subs[name] = client.subscribe(text)
+        await subs[name].__aenter__()
+        clients.append(client)
+    async with Client(overlay.endpoints(names[0]), client_id="exchange", key_refresh=10) as pub:
+        await pub.advertise("class = 'stock'")
+        await pub.advertise("class = 'order'")
+        await asyncio.to_thread(overlay.wait_quiet)
+        started = time.perf_counter()
+        deadline = time.monotonic() + 60
+        collectors = {
+            name: asyncio.create_task(_collect(sub, len(expected[name]), deadline))
+            for name, sub in subs.items()
         }
-        clients = []
-        subs = {}
-        for name, (at, text) in SUBSCRIBERS.items():
-            client = Client(overlay.endpoint(names[min(at, brokers - 1)]), client_id=name)
-            await client.connect()
-            subs[name] = client.subscribe(text)
-            await subs[name].__aenter__()
-            clients.append(client)
-        async with Client(overlay.endpoint(names[0]), client_id="ticker") as pub:
-            await pub.advertise("class = 'stock'")
-            await asyncio.to_thread(overlay.wait_quiet)
-            started = time.perf_counter()
-            deadline = time.monotonic() + 60
-            collectors = {
-                name: asyncio.create_task(_collect(sub, expected[name], deadline))
-                for name, sub in subs.items()
-            }
-            for quote in quotes:
-                payload = f"quote {quote['symbol']} {quote['price']}".encode()
-                await pub.publish(quote, payload, ack=False)
-            await pub.drain()
-            received = {name: await task for name, task in collectors.items()}
-            elapsed = time.perf_counter() - started
-            # Anything beyond the expected count would be a wrong delivery.
-            for name, sub in subs.items():
-                while True:
-                    try:
-                        await sub.get(0.2)
-                        received[name] += 1
-                    except Exception:
-                        break
-            health = await asyncio.to_thread(overlay.health)
-            links = {b: _forwarded(await asyncio.to_thread(overlay.metrics, b)) for b in names}
-        for client in clients:
-            await client.close()
-    finally:
-        await asyncio.to_thread(overlay.stop)
-    total = sum(received.values())
+        for i, quote in enumerate(quotes):
+            payload = f"quote {quote['symbol']} {quote['price']}".encode()
+            await pub.publish(quote, payload, ack=False)
+            if i % 20 == 19:
+                order = orders[i // 20]
+                secret = f"order {order['symbol']} x{order['qty']} for account 42".encode()
+                await pub.publish(order, secret, ack=False, confidential=True)
+        await pub.drain()
+        received = {name: await task for name, task in collectors.items()}
+        elapsed = time.perf_counter() - started
+        for name, sub in subs.items():  # anything more would be a wrong delivery
+            while True:
+                try:
+                    received[name].append(await sub.get(0.3))
+                except Exception:
+                    break
+        health = await asyncio.to_thread(overlay.health)
+        metrics = {b: await asyncio.to_thread(overlay.metrics, b) for b in overlay.brokers}
+    culprits = set().union(*(c.share_culprits() for c in clients))
+    for client in clients:
+        await client.close()
+
+    total = sum(len(v) for v in received.values())
     print(
-        f"\npublished {count} quotes at {names[0]} in {elapsed:.2f} s; "
-        f"{total} deliveries ({total / elapsed:,.0f}/s end to end)"
+        f"\npublished {len(quotes)} plain quotes and {len(orders)} confidential orders at "
+        f"{names[0]} in {elapsed:.2f} s; {total} deliveries ({total / elapsed:,.0f}/s end to end)"
     )
-    print(f"\n{'subscriber':<11} {'broker':<7} {'expected':>8} {'received':>8}  filter")
+    print(f"\n{'subscriber':<11} {'at':<3} {'expected':>8} {'received':>8}  filter")
     ok = True
     for name, (at, text) in SUBSCRIBERS.items():
-        mark = "" if received[name] == expected[name] else "  <-- MISMATCH"
-        ok &= received[name] == expected[name]
+        got = [(d.attrs, d.payload.decode()) for d in received[name]]
+        want = list(expected[name])
+        match = [a for a, _ in got] == want
+        ok &= match
+        mark = "" if match else "  <-- MISMATCH"
+        print(f"{name:<11} {names[at]:<3} {len(want):>8} {len(got):>8}  {text}{mark}")
+    orders_seen = list(received["big-orders"])
+    if orders_seen:
+        print(f"  e.g. big-orders decrypted: {orders_seen[0].payload.decode()!r}")
+    print("\nbroker   SRT  PRT  forwarded per VN link      shares in/split  blamed")
+    for b in sorted(overlay.brokers):
+        forwarded = _metric_by_label(metrics[b], "trellis_publications_forwarded_total", "link")
+        blamed = _metric_by_label(metrics[b], "trellis_share_blame_total", "culprit")
+        shares_in = re.search(r"trellis_shares_received_total\{[^}]*\} (\S+)", metrics[b])
+        split = re.search(r"trellis_shares_split_total\{[^}]*\} (\S+)", metrics[b])
+        role = f" ({BYZANTINE[b]})" if b in BYZANTINE else ""
         print(
-            f"{name:<11} {names[min(at, brokers - 1)]:<7} {expected[name]:>8} "
-            f"{received[name]:>8}  {text}{mark}"
+            f"{b + role:<18} {health[b]['srt']:>2} {health[b]['prt']:>4}  "
+            f"{', '.join(f'->{k}: {v}' for k, v in sorted(forwarded.items())) or '-':<24} "
+            f"{int(float(shares_in.group(1))) if shares_in else 0:>5}/"
+            f"{int(float(split.group(1))) if split else 0:<5} "
+            f"{', '.join(f'{k} x{v}' for k, v in blamed.items()) or '-'}"
         )
-    print("\nbroker  SRT  PRT  publications forwarded per link")
-    for b in names:
-        per_link = ", ".join(f"->{k}: {v}" for k, v in sorted(links[b].items())) or "-"
-        print(f"{b:<7} {health[b]['srt']:>3} {health[b]['prt']:>4}  {per_link}")
+    print(f"subscribers attributed bad key shares to: {', '.join(sorted(culprits)) or 'nobody'}")
     print("\n" + ("all deliveries match the oracle" if ok else "MISMATCH: see above"))
     return 0 if ok else 1
+
+
+def _reconfiguration_summary(seed: int) -> None:
+    """OCBR rounds on a model overlay (the same cost and search code the brokers use)."""
+    from reconfig.cost import CostModel
+    from reconfig.simulator import clustered_workload, simulate
+
+    rng = random.Random(seed)
+    workload = clustered_workload(50, rng)
+    model = CostModel()
+    result = simulate(workload.tree, workload.demands, model, rng=rng)
+    saving = 1 - result.final_cost / result.initial_cost
+    print(
+        f"\nOCBR simulation, 50 brokers, clustered traffic: routing cost "
+        f"{result.initial_cost:,.0f} -> {result.final_cost:,.0f} ({saving:.0%} lower) in "
+        f"{len(result.rounds)} rounds, {result.moves} moves"
+        + ("" if result.converged else " (not converged)")
+    )
+
+
+async def run_demo(workdir: Path, count: int = 2000, seed: int = 7) -> int:
+    rng = random.Random(seed)
+    names = broker_names(VNS)
+    print(
+        f"starting {VNS} virtual nodes x {REPLICAS} replica brokers in a line "
+        f"({' - '.join(names)}); Byzantine: "
+        + ", ".join(f"{b} {mode}s" for b, mode in BYZANTINE.items())
+    )
+    overlay = await asyncio.to_thread(
+        start_overlay,
+        workdir,
+        line_tree(names),
+        replicas=dict.fromkeys(names, REPLICAS),
+        overrides={b: {"byzantine": mode} for b, mode in BYZANTINE.items()},
+    )
+    print(f"{len(overlay.brokers)} broker processes up; configs, keys and logs in {workdir}")
+    try:
+        code = await _traffic(overlay, names, count, rng)
+    finally:
+        await asyncio.to_thread(overlay.stop)
+    await asyncio.to_thread(_reconfiguration_summary, seed)
+    return code

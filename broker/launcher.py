@@ -52,10 +52,12 @@ class BrokerProcess:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def stop(self, timeout: float = 10.0) -> int:
-        """SIGTERM, wait for graceful shutdown, SIGKILL if it overruns; returns the exit code."""
+    def stop(self, timeout: float = 10.0, signalled: bool = False) -> int:
+        """SIGTERM (unless ``signalled`` already), wait for graceful shutdown, SIGKILL if it
+        overruns; returns the exit code. A second SIGTERM would skip the graceful stage."""
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+            if not signalled:
+                self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:

@@ -214,7 +214,7 @@ class LocalOverlay:
             if proc.alive():
                 proc.process.send_signal(signal.SIGTERM)
         for proc in self.brokers.values():
-            proc.stop(timeout)
+            proc.stop(timeout, signalled=True)
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -194,6 +194,9 @@ class SecureForwarding:
             return
         if hop.is_broker:
             self._split_toward(hop, publisher, epoch, record)
+        elif hop.congested:
+            # The slow-consumer policy covers key shares too (the delivery was dropped).
+            self.broker.stats.deliveries_dropped += 1
         else:
             hop.send(Share(publisher, epoch, pack_record(record)))
             self.broker.stats.shares_delivered += 1

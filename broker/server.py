@@ -280,7 +280,9 @@ class Connection(asyncio.Protocol):
                     hop.forget("unadv", key)
                     broker.execute(router.advertise(hop, key, flt))
             case Unadvertise(_, key):
-                if not router.knows_advertisement(hop, key) and not hop.has_votes("adv", key):
+                if hop.has_votes("unadv", key):
+                    hop.vote(me, ("unadv", key))  # a late replica's copy of an applied removal
+                elif not router.knows_advertisement(hop, key) and not hop.has_votes("adv", key):
                     self.reject(0, UnknownState(f"UNADVERTISE of unknown advertisement '{key}'"))
                 elif hop.vote(me, ("unadv", key)):
                     hop.forget("adv", key)
@@ -290,7 +292,9 @@ class Connection(asyncio.Protocol):
                     hop.forget("unsub", key)
                     broker.execute(router.subscribe(hop, key, flt))
             case Unsubscribe(_, key):
-                if not router.knows_subscription(hop, key) and not hop.has_votes("sub", key):
+                if hop.has_votes("unsub", key):
+                    hop.vote(me, ("unsub", key))  # a late replica's copy of an applied removal
+                elif not router.knows_subscription(hop, key) and not hop.has_votes("sub", key):
                     self.reject(0, UnknownState(f"UNSUBSCRIBE of unknown subscription '{key}'"))
                 elif hop.vote(me, ("unsub", key)):
                     hop.forget("sub", key)

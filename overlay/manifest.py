@@ -17,7 +17,7 @@ from typing import Any
 from overlay.tree import TopologyError, Tree
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Manifest:
     """VN tree, replica membership (in replica order) and public keys (raw 32 bytes)."""
 
