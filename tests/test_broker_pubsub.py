@@ -6,10 +6,10 @@ import asyncio
 import random
 
 import pytest
-from broker.filters import parse_filter
 
 from broker.client import Client, Delivery, Subscription
 from broker.errors import InvalidRequest
+from broker.filters import parse_filter
 from broker.launcher import BrokerProcess
 
 PUBLICATIONS = [

@@ -7,11 +7,11 @@ import struct
 
 import msgpack
 import pytest
-from broker.filters import parse_filter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.errors import InvalidRequest, PayloadTooLarge, ProtocolError, TrellisError
+from broker.filters import parse_filter
 from broker.protocol import (
     Ack,
     Advertise,

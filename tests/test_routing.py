@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from broker.filters import parse_filter
-
 from broker.protocol import Advertise, Subscribe, Unadvertise, Unsubscribe
 from broker.routing import Router
 
