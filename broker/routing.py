@@ -46,6 +46,7 @@ class HopState:
     subscriptions: dict[str, Filter] = field(default_factory=dict)
     # Subscriptions (by global key) this broker has forwarded to the hop.
     forwarded: dict[str, Filter] = field(default_factory=dict)
+    last_match: Filter | None = None
 
 
 class Router(Generic[H]):
@@ -138,6 +139,7 @@ class Router(Generic[H]):
         state = self._hops.get(hop)
         if state is None or state.advertisements.pop(key, None) is None:
             return []
+        state.last_match = None
         gkey = self.global_key(hop, key)
         actions: Actions[H] = [(n, Unadvertise(0, gkey)) for n in self._neighbours if n is not hop]
         if hop.is_broker:
@@ -153,7 +155,15 @@ class Router(Generic[H]):
         state = self._hops.get(hop)
         if state is None:
             return False
-        return any(adv.matches(attrs) for adv in state.advertisements.values())
+        # Publishers mostly publish within the advertisement they used last: try it first.
+        last = state.last_match
+        if last is not None and last.matches(attrs):
+            return True
+        for adv in state.advertisements.values():
+            if adv.matches(attrs):
+                state.last_match = adv
+                return True
+        return False
 
     # -- subscriptions (PRT) --------------------------------------------------------------
 
