@@ -420,6 +420,7 @@ class Client:
         self._disconnected = asyncio.Event()
         self._disconnected.set()
         self._supervisors: list[asyncio.Task[None]] = []
+        self._stopping = False
         self._entered = False
         if manifest is not None and not isinstance(manifest, Manifest):
             manifest = Manifest.load(manifest)
@@ -467,6 +468,7 @@ class Client:
             TrellisTimeout: no majority of endpoints answered in time.
         """
         self._status = Status.CONNECTING
+        self._stopping = False
         self._supervisors = [
             asyncio.create_task(self._supervise(i), name=f"trellis-{self.client_id}-{i}")
             for i in range(len(self.endpoints))
@@ -522,12 +524,12 @@ class Client:
         self._disconnected.set()
 
     async def _stop_supervisors(self) -> None:
+        self._stopping = True
         tasks, self._supervisors = self._supervisors, []
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
 
     # -- requests -----------------------------------------------------------------------
 
@@ -760,7 +762,7 @@ class Client:
         """Keep the connection to one endpoint open, restoring state on every reconnect."""
         attempt = 0
         first = True
-        while self._status is not Status.CLOSED:
+        while self._status is not Status.CLOSED and not self._stopping:
             if not first:
                 if not self.reconnect:
                     return
@@ -769,7 +771,10 @@ class Client:
             first = False
             host, port = self.endpoints[index]
             try:
-                link = await asyncio.wait_for(self._open(index), self.connect_timeout)
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+                # that races with completion, and a supervisor must always stop when told.
+                async with asyncio.timeout(self.connect_timeout):
+                    link = await self._open(index)
             except (OSError, TrellisError, TimeoutError) as exc:
                 log.debug("connect to %s:%d failed: %s", host, port, exc)
                 continue

@@ -745,15 +745,14 @@ class Broker:
         attempt = 0
         while True:
             try:
-                _, conn = await asyncio.wait_for(
-                    loop.create_connection(
+                async with asyncio.timeout(self.config.hello_timeout):
+                    _, conn = await loop.create_connection(
                         lambda: Connection(self, dial_peer=neighbour.id), host, int(port)
-                    ),
-                    self.config.hello_timeout,
-                )
+                    )
                 conn.send(Hello(PROTOCOL_VERSION, Role.BROKER, self.config.id, {}))
                 self.flush()
-                await asyncio.wait_for(asyncio.shield(conn.handshake), self.config.hello_timeout)
+                async with asyncio.timeout(self.config.hello_timeout):
+                    await asyncio.shield(conn.handshake)
                 attempt = 0
                 await conn.closed
             except (OSError, TrellisError, TimeoutError) as exc:

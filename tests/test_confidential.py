@@ -242,3 +242,18 @@ async def test_bad_shares_are_blamed_on_their_producer_in_metrics(run_vns) -> No
     assert all(b.keys() == {"b0.2"} and b["b0.2"] >= 4 for b in next_hop)
     after_equivocator = [await asyncio.to_thread(blamed, b) for b in ("b2.0", "b2.1", "b2.2")]
     assert all(set(b) <= {"b1.0"} for b in after_equivocator), "no honest broker is blamed"
+
+
+async def test_two_byzantine_of_five_replicas_per_vn_cannot_stop_delivery(run_vns) -> None:
+    """r = 5 tolerates f = 2 per VN, here in mixed modes on a 3-5-5 path."""
+    modes = {
+        "b0.1": "equivocate",
+        "b1.0": "drop",
+        "b1.3": "corrupt",
+        "b2.2": "equivocate",
+        "b2.4": "collude",
+    }
+    overlay = run_vns([3, 5, 5], {b: {"byzantine": mode} for b, mode in modes.items()})
+    got, sub_client = await confidential_exchange(overlay, 8)
+    assert got == expected(8)
+    assert sub_client.share_culprits() <= set(modes)
