@@ -161,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             f"**{'met' if ok else 'NOT met'}**"
         )
         for name, row in rows.items():
+            if not row.problems:
+                continue
             summary.append((set_name, row))
             if name == "tabu-direct":
                 pct = 100.0 * row.optimal / max(1, row.with_optimum)

@@ -17,6 +17,7 @@ from security.trust import (
     path_trust,
     semiring_plus,
     semiring_times,
+    trust_edges_from_vectors,
     weighted_trust,
 )
 
@@ -106,3 +107,17 @@ def test_weighted_trust_rejects_out_of_range_values_and_negative_weights() -> No
         weighted_trust({"uptime": 1.2})
     with pytest.raises(ValueError, match="negative"):
         make_weighted_trust({"uptime": -1.0})
+
+
+def test_trust_vectors_become_edge_weights_through_each_evaluators_function() -> None:
+    vectors = {("a", "b"): {"delivery_ratio": 0.5, "uptime": 1.0}, ("c", "b"): {"uptime": 0.2}}
+    strict = make_weighted_trust({"delivery_ratio": 1.0})
+    edges = trust_edges_from_vectors(vectors, {"a": strict})
+    assert edges[("a", "b")] == 0.5  # a only looks at deliveries
+    assert edges[("c", "b")] == pytest.approx(0.2)  # c uses the default weights
+    assert trust_edges_from_vectors(vectors)[("a", "b")] == pytest.approx((0.2 + 0.2) / 0.6)
+
+
+def test_a_trust_function_returning_out_of_range_values_is_rejected() -> None:
+    with pytest.raises(ValueError, match="outside"):
+        trust_edges_from_vectors({(1, 2): {}}, lambda v: 1.5)
