@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import contextlib
 import json
 import logging
 import sys
@@ -18,6 +17,7 @@ from typing import Any
 from broker.client import Client, Delivery
 from broker.errors import SlowConsumerError, TrellisError
 from broker.filters import Filter, parse_attrs
+from reconfig.mtpsto.cli import add_pst_parser
 
 log = logging.getLogger("trellis.cli")
 
@@ -86,11 +86,16 @@ async def _pub(args: argparse.Namespace) -> int:
     attrs = parse_attrs(args.attrs)
     payload = args.payload.encode("utf-8")
     interval = 1.0 / args.rate if args.rate else 0.0
-    async with Client(args.endpoint.split(","), client_id=args.client_id) as client:
+    client = Client(
+        args.endpoint.split(","), client_id=args.client_id, key_refresh=args.key_refresh
+    )
+    async with client:
         await client.advertise(args.advertise or advertisement_for(attrs))
         started = time.perf_counter()
         for i in range(args.count):
-            await client.publish(attrs, payload, ack=not args.no_ack)
+            await client.publish(
+                attrs, payload, ack=not args.no_ack, confidential=args.confidential
+            )
             if interval:
                 await asyncio.sleep(max(0.0, started + (i + 1) * interval - time.perf_counter()))
         await client.drain()
@@ -101,7 +106,7 @@ async def _pub(args: argparse.Namespace) -> int:
 
 async def _sub(args: argparse.Namespace) -> int:
     received = 0
-    client = Client(args.endpoint.split(","), client_id=args.client_id)
+    client = Client(args.endpoint.split(","), client_id=args.client_id, manifest=args.manifest)
     async with client, client.subscribe(args.filter) as sub:
         if args.ready_file:
             await asyncio.to_thread(Path(args.ready_file).write_text, "subscribed\n")
@@ -262,6 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--client-id", help="publisher identity")
     p.add_argument("--no-ack", action="store_true", help="stream without waiting for each ack")
+    p.add_argument(
+        "--confidential", action="store_true", help="encrypt; the key travels as Shamir shares"
+    )
+    p.add_argument(
+        "--key-refresh", type=int, default=1, help="confidential messages per content key"
+    )
     p.set_defaults(func=cmd_pub)
 
     p = sub.add_parser("sub", help="subscribe and print deliveries")
@@ -272,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument("--quiet", action="store_true", help="count only, print nothing per message")
     p.add_argument("--client-id", help="subscriber identity")
+    p.add_argument("--manifest", help="overlay manifest, to decrypt confidential publications")
     p.add_argument("--ready-file", help="write a line here once the subscription is active")
     p.set_defaults(func=cmd_sub)
 
@@ -309,10 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=int, default=2000, help="publications to send")
     p.set_defaults(func=cmd_demo)
 
-    with contextlib.suppress(ImportError):
-        from reconfig.mtpsto.cli import add_pst_parser
-
-        add_pst_parser(sub)
+    add_pst_parser(sub)
     return parser
 
 

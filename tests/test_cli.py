@@ -120,3 +120,17 @@ def test_up_topology_down_manage_a_local_overlay(tmp_path: Path) -> None:
         down = trellis("down", "--dir", str(workdir))
     assert down.returncode == 0, down.stderr
     assert "stopped 3 brokers" in down.stdout
+
+
+def test_pst_generate_then_solve_prints_a_proven_tree(tmp_path: Path) -> None:
+    out = trellis("pst", "generate", "--set", "A", "--seed", "5", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    problems = sorted(tmp_path.glob("*.json"))
+    assert problems
+    solved = trellis("pst", "solve", str(problems[-1]), "--solver", "exact")
+    assert solved.returncode in (0, 1), solved.stderr
+    result = json.loads(solved.stdout)
+    assert result["solver"] == "exact"
+    assert result["proven_optimal"] is True
+    if result["feasible"]:
+        assert result["tree"]["root"] == json.loads(problems[-1].read_text())["publisher"]
