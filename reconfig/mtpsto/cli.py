@@ -28,7 +28,9 @@ def add_pst_parser(subparsers: argparse._SubParsersAction) -> None:
     sub = pst.add_subparsers(dest="pst_command", required=True)
 
     solve = sub.add_parser("solve", help="solve a problem file and print the tree as JSON")
-    solve.add_argument("problem", type=Path, help="problem JSON (see "MTPSTO problem files" in README.md)")
+    solve.add_argument(
+        "problem", type=Path, help="problem JSON (format: README.md, MTPSTO problem files)"
+    )
     solve.add_argument("--solver", choices=SOLVERS, default="exact")
     solve.add_argument(
         "--time-limit",
