@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 from broker.launcher import BrokerProcess, start_broker
+from broker.local import LocalOverlay, start_overlay
+from overlay.tree import Tree
 
 
 @pytest.fixture
@@ -30,3 +32,27 @@ def run_broker(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
 def broker(run_broker: Callable[..., BrokerProcess]) -> BrokerProcess:
     """One running broker with default settings."""
     return run_broker()
+
+
+@pytest.fixture
+def run_overlay(tmp_path: Path) -> Iterator[Callable[..., LocalOverlay]]:
+    """Start local overlays (trees of VNs of broker processes) for one test; all are
+    stopped afterwards. Keyword settings go into every broker's config."""
+    started: list[LocalOverlay] = []
+
+    def _run(
+        tree: Tree,
+        *,
+        name: str | None = None,
+        replicas: dict[str, int] | None = None,
+        overrides: dict[str, dict[str, Any]] | None = None,
+        **settings: Any,
+    ) -> LocalOverlay:
+        workdir = tmp_path / (name or f"overlay{len(started)}")
+        overlay = start_overlay(workdir, tree, settings, replicas=replicas, overrides=overrides)
+        started.append(overlay)
+        return overlay
+
+    yield _run
+    for overlay in started:
+        overlay.stop()

@@ -7,10 +7,11 @@ import random
 
 import pytest
 
-from broker.client import Client, Delivery, Subscription
+from broker.client import Client
 from broker.errors import InvalidRequest
 from broker.filters import parse_filter
 from broker.launcher import BrokerProcess
+from tests.support import drain
 
 PUBLICATIONS = [
     {"class": "stock", "symbol": "ACME", "price": 10, "venue": "NYSE", "open": True},
@@ -39,16 +40,6 @@ OPERATOR_FILTERS = [
 ]
 
 
-async def receive_all(sub: Subscription, idle: float = 0.5) -> list[Delivery]:
-    """Everything the subscription gets until it has been idle for ``idle`` seconds."""
-    got: list[Delivery] = []
-    while True:
-        try:
-            got.append(await asyncio.wait_for(sub.__anext__(), idle))
-        except TimeoutError:
-            return got
-
-
 async def test_each_operator_delivers_exactly_the_matching_publications(
     broker: BrokerProcess,
 ) -> None:
@@ -65,7 +56,7 @@ async def test_each_operator_delivers_exactly_the_matching_publications(
         await sc.flush()
         for text, sub in zip(OPERATOR_FILTERS, subs, strict=True):
             expected = [p for p in PUBLICATIONS if parse_filter(text).matches(p)]
-            got = await receive_all(sub, idle=0.3)
+            got = await drain(sub, idle=0.3)
             assert [d.attrs for d in got] == expected, text
             assert all(d.publisher == "publisher" for d in got)
 
@@ -90,7 +81,7 @@ async def test_subscriber_gets_matching_publications_in_order_per_publisher(
         for p in publishers:
             await p.drain()
             await p.close()
-        got = await receive_all(sub)
+        got = await drain(sub)
     matcher = parse_filter(flt)
     for name, msgs in sent.items():
         expected = [(m["seq"], m["price"]) for m in msgs if matcher.matches(m)]

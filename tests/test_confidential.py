@@ -7,8 +7,7 @@ import asyncio
 import json
 import math
 import re
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,7 +15,7 @@ import pytest
 import broker.confidential
 from broker.client import Client
 from broker.errors import TrellisTimeout
-from broker.local import LocalOverlay, start_overlay
+from broker.local import LocalOverlay
 from overlay.tree import broker_names, line_tree
 from security.propagation import coalition_key, unpack_record
 
@@ -24,24 +23,19 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def run_vns(tmp_path: Path) -> Iterator[Callable[..., LocalOverlay]]:
-    started: list[LocalOverlay] = []
+def run_vns(run_overlay: Callable[..., LocalOverlay]) -> Callable[..., LocalOverlay]:
+    """A line of VNs with the given replica counts."""
 
     def _run(replicas: list[int], overrides: dict[str, Any] | None = None) -> LocalOverlay:
         names = broker_names(len(replicas))
-        overlay = start_overlay(
-            tmp_path / f"c{len(started)}",
+        return run_overlay(
             line_tree(names),
-            {"heartbeat_interval": 1.0},
             replicas=dict(zip(names, replicas, strict=True)),
             overrides=overrides,
+            heartbeat_interval=1.0,
         )
-        started.append(overlay)
-        return overlay
 
-    yield _run
-    for overlay in started:
-        overlay.stop()
+    return _run
 
 
 @pytest.fixture

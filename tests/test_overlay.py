@@ -5,44 +5,21 @@ from __future__ import annotations
 import asyncio
 import random
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from broker.client import Client, Delivery, Subscription
+from broker.client import Client, Subscription
 from broker.filters import parse_filter
-from broker.local import LocalOverlay, start_overlay
+from broker.local import LocalOverlay
 from broker.protocol import PROTOCOL_VERSION, Error, MsgType, Pong, Welcome
-from overlay.tree import Tree, broker_names, line_tree, random_tree
+from overlay.tree import broker_names, line_tree, random_tree
+from tests.support import drain
 from tests.wire import RawPeer
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def run_overlay(tmp_path: Path) -> Iterator[Callable[..., LocalOverlay]]:
-    """Start local overlays for one test; all are stopped afterwards."""
-    started: list[LocalOverlay] = []
-
-    def _run(tree: Tree, name: str = "overlay", **settings: Any) -> LocalOverlay:
-        overlay = start_overlay(tmp_path / name, tree, settings)
-        started.append(overlay)
-        return overlay
-
-    yield _run
-    for overlay in started:
-        overlay.stop()
-
-
-async def drain_subscription(sub: Subscription, idle: float = 0.4) -> list[Delivery]:
-    got: list[Delivery] = []
-    while True:
-        try:
-            got.append(await asyncio.wait_for(sub.__anext__(), idle))
-        except TimeoutError:
-            return got
 
 
 def metric(text: str, name: str, **labels: str) -> float:
@@ -100,7 +77,7 @@ async def test_random_overlay_delivers_exactly_the_matching_publications(
         sent.append((p.client_id, seq, attrs))
     for p, _ in publishers:
         await p.drain()
-    results = await asyncio.gather(*(drain_subscription(s, idle=1.0) for _, s, _ in subscribers))
+    results = await asyncio.gather(*(drain(s, idle=1.0) for _, s, _ in subscribers))
     for (_, _, text), got in zip(subscribers, results, strict=True):
         flt = parse_filter(text)
         expected = [(pub, seq) for pub, seq, attrs in sent if flt.matches(attrs)]

@@ -3,38 +3,32 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from broker.client import Client
-from broker.local import LocalOverlay, start_overlay
+from broker.local import LocalOverlay
 from overlay.tree import broker_names, line_tree
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def run_vns(tmp_path: Path) -> Iterator[Callable[..., LocalOverlay]]:
-    started: list[LocalOverlay] = []
+def run_vns(run_overlay: Callable[..., LocalOverlay]) -> Callable[..., LocalOverlay]:
+    """A line of ``vns`` VNs of ``replicas`` brokers each."""
 
     def _run(vns: int, replicas: int, overrides: dict[str, Any] | None = None) -> LocalOverlay:
         tree = line_tree(broker_names(vns))
-        overlay = start_overlay(
-            tmp_path / f"vn{len(started)}",
+        return run_overlay(
             tree,
-            {"heartbeat_interval": 1.0},
             replicas=dict.fromkeys(tree.brokers, replicas),
             overrides=overrides,
+            heartbeat_interval=1.0,
         )
-        started.append(overlay)
-        return overlay
 
-    yield _run
-    for overlay in started:
-        overlay.stop()
+    return _run
 
 
 async def exchange(overlay: LocalOverlay, count: int, kill: str | None = None) -> list[int]:
