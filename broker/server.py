@@ -73,6 +73,7 @@ link_log = logging.getLogger("trellis.overlay")
 _MATCH_SAMPLE_MASK = 15
 # Heartbeats are not counted as control traffic (tests wait for control traffic to settle).
 _HEARTBEATS = (Ping, Pong)
+_REMOVALS = {"adv": ("UNADVERTISE", "advertisement"), "sub": ("UNSUBSCRIBE", "subscription")}
 
 
 class UnknownState(InvalidRequest):
@@ -273,32 +274,17 @@ class Connection(asyncio.Protocol):
         hop = self.vnhop
         assert hop is not None
         assert self.peer_id is not None
-        me = self.peer_id
         match msg:
             case Advertise(_, key, flt):
-                if hop.vote(me, ("adv", key, flt)):
-                    hop.forget("unadv", key)
-                    broker.execute(router.advertise(hop, key, flt))
+                self.vote_to_add(hop, "adv", key, flt, router.advertise)
             case Unadvertise(_, key):
-                if hop.has_votes("unadv", key):
-                    hop.vote(me, ("unadv", key))  # a late replica's copy of an applied removal
-                elif not router.knows_advertisement(hop, key) and not hop.has_votes("adv", key):
-                    self.reject(0, UnknownState(f"UNADVERTISE of unknown advertisement '{key}'"))
-                elif hop.vote(me, ("unadv", key)):
-                    hop.forget("adv", key)
-                    broker.execute(router.unadvertise(hop, key))
+                known = router.knows_advertisement(hop, key)
+                self.vote_to_remove(hop, "adv", key, known, router.unadvertise)
             case Subscribe(_, key, flt):
-                if hop.vote(me, ("sub", key, flt)):
-                    hop.forget("unsub", key)
-                    broker.execute(router.subscribe(hop, key, flt))
+                self.vote_to_add(hop, "sub", key, flt, router.subscribe)
             case Unsubscribe(_, key):
-                if hop.has_votes("unsub", key):
-                    hop.vote(me, ("unsub", key))  # a late replica's copy of an applied removal
-                elif not router.knows_subscription(hop, key) and not hop.has_votes("sub", key):
-                    self.reject(0, UnknownState(f"UNSUBSCRIBE of unknown subscription '{key}'"))
-                elif hop.vote(me, ("unsub", key)):
-                    hop.forget("sub", key)
-                    broker.execute(router.unsubscribe(hop, key))
+                known = router.knows_subscription(hop, key)
+                self.vote_to_remove(hop, "sub", key, known, router.unsubscribe)
             case LinkState():
                 broker.linkstate_received(self, msg)
             case Ping(token):
@@ -309,6 +295,26 @@ class Connection(asyncio.Protocol):
                 link_log.warning("broker %s reports %s: %s", self.peer_id, code, message)
             case _:
                 raise ProtocolError(f"{type(msg).__name__.upper()} is not valid on a broker link")
+
+    def vote_to_add(self, hop: VNHop, kind: str, key: str, flt: Any, apply: Any) -> None:
+        """Count this replica's vote for a routing entry; apply it at the VN's majority."""
+        assert self.peer_id is not None
+        if hop.vote(self.peer_id, (kind, key, flt)):
+            hop.forget("un" + kind, key)
+            self.broker.execute(apply(hop, key, flt))
+
+    def vote_to_remove(self, hop: VNHop, kind: str, key: str, known: bool, apply: Any) -> None:
+        """Count a vote to remove an entry; refuse removals of state nobody announced."""
+        assert self.peer_id is not None
+        removal = "un" + kind
+        if hop.has_votes(removal, key):
+            hop.vote(self.peer_id, (removal, key))  # a late replica's copy of an applied removal
+        elif not known and not hop.has_votes(kind, key):
+            message, what = _REMOVALS[kind]
+            self.reject(0, UnknownState(f"{message} of unknown {what} '{key}'"))
+        elif hop.vote(self.peer_id, (removal, key)):
+            hop.forget(kind, key)
+            self.broker.execute(apply(hop, key))
 
     def ack(self, rid: int) -> None:
         if rid:

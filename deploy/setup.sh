@@ -21,10 +21,11 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
 
+# libgfshare: the Shamir interoperability test combines shares with the C library.
+ldconfig -p | grep -q libgfshare || apt_install libgfshare2
 if [ "$want_bench" = 1 ]; then
   { command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ]; } || apt_install mosquitto
   command -v mosquitto_pub >/dev/null 2>&1 || apt_install mosquitto-clients
-  ldconfig -p | grep -q libgfshare || apt_install libgfshare2 libgfshare-bin
 fi
 
 PY=${PYTHON:-python3}
