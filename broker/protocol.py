@@ -509,12 +509,16 @@ def _build_unsubscribe(name: str, raw: list[Any]) -> Unsubscribe:
 
 
 def _build_publish(name: str, raw: list[Any]) -> Publish:
+    _, rid, seq, attrs, payload, sec = raw
+    # The hottest frame: inline the common checks, fall back to the helpers for errors.
+    if type(rid) is not int or rid < 0 or rid >= 2**63:
+        _uint(name, "rid", rid)
+    if type(seq) is not int or seq < 0 or seq >= 2**63:
+        _uint(name, "seq", seq)
+    if type(payload) is not bytes:
+        _payload(name, payload)
     return Publish(
-        _uint(name, "rid", raw[1]),
-        _uint(name, "seq", raw[2]),
-        validate_attrs(name, raw[3]),
-        _payload(name, raw[4]),
-        _sec(name, raw[5]),
+        rid, seq, validate_attrs(name, attrs), payload, None if sec is None else _sec(name, sec)
     )
 
 

@@ -201,7 +201,9 @@ class Connection(asyncio.Protocol):
     # -- frames ---------------------------------------------------------------------------
 
     def handle(self, msg: Message) -> None:
-        if self.peer_id is None:
+        if type(msg) is Publish and not self.is_broker and self.peer_id is not None:
+            self.broker.publish(self, msg)
+        elif self.peer_id is None:
             self.handshake_step(msg)
         elif self.is_broker:
             self.handle_broker(msg)
@@ -412,6 +414,7 @@ class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.vn = vn_of(config)
+        self.byzantine = config.byzantine
         self.router: Router[Any] = Router(self.vn, covering=config.covering)
         self.connections: set[Connection] = set()
         self.clients: dict[str, Connection] = {}
@@ -681,9 +684,9 @@ class Broker:
     ) -> None:
         """Deliver to matching local subscribers and forward toward matching brokers."""
         stats = self.stats
-        if self.config.byzantine == "drop":
+        if self.byzantine == "drop":
             return
-        if self.config.byzantine == "corrupt":
+        if self.byzantine == "corrupt":
             payload = bytes(b ^ 0x5A for b in payload)
         stats.routed += 1
         if stats.routed & _MATCH_SAMPLE_MASK:
