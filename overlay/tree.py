@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import pairwise
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "Link",
@@ -546,21 +546,29 @@ class Tree:
 
     def _broker_path(self, a: str, b: str) -> list[str]:
         parent, depth = self._rooted
-        left: list[str] = []
-        right: list[str] = []
-        while depth[a] > depth[b]:
-            left.append(a)
-            a = parent[a]
-        while depth[b] > depth[a]:
-            right.append(b)
-            b = parent[b]
-        while a != b:
-            left.append(a)
-            right.append(b)
-            a, b = parent[a], parent[b]
+        return rooted_path(parent, depth, a, b)
+
+
+N = TypeVar("N")
+
+
+def rooted_path(parent: Mapping[N, N], depth: Mapping[N, int], a: N, b: N) -> list[N]:
+    """The path a … b in a rooted tree given as parent and depth maps (both ends included)."""
+    left: list[N] = []
+    right: list[N] = []
+    while depth[a] > depth[b]:
         left.append(a)
-        left.extend(reversed(right))
-        return left
+        a = parent[a]
+    while depth[b] > depth[a]:
+        right.append(b)
+        b = parent[b]
+    while a != b:
+        left.append(a)
+        right.append(b)
+        a, b = parent[a], parent[b]
+    left.append(a)
+    left.extend(reversed(right))
+    return left
 
 
 # -- generators ------------------------------------------------------------------------------

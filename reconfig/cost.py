@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from overlay.tree import Link, TopologyChange, TopologyError, Tree, link
+from overlay.tree import Link, TopologyChange, TopologyError, Tree, link, rooted_path
 
 __all__ = [
     "CostModel",
@@ -336,22 +336,7 @@ class SwapEvaluator:
 
     def cycle(self, a: int, b: int) -> list[int]:
         """The tree path from ``a`` to ``b`` (indices), i.e. the cycle link a–b would close."""
-        parent, depth = self._parent, self._depth
-        left: list[int] = []
-        right: list[int] = []
-        while depth[a] > depth[b]:
-            left.append(a)
-            a = parent[a]
-        while depth[b] > depth[a]:
-            right.append(b)
-            b = parent[b]
-        while a != b:
-            left.append(a)
-            right.append(b)
-            a, b = parent[a], parent[b]
-        left.append(a)
-        left.extend(reversed(right))
-        return left
+        return rooted_path(self._parent, self._depth, a, b)
 
     def removal_deltas(self, a: int, b: int) -> tuple[list[int], list[float]]:
         """Price adding link a–b against removing each link of the cycle it closes.
