@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from broker.launcher import stop_process
 
 __all__ = [
     "PeerError",
@@ -56,14 +57,7 @@ class PeerProcess:
 
     def stop(self, timeout: float = 5.0) -> int:
         """SIGTERM, then SIGKILL if the peer overruns `timeout`; returns the exit code."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout)
-        return self.process.returncode
+        return stop_process(self.process, timeout)
 
 
 def cpu_seconds(pid: int) -> float:

@@ -25,6 +25,21 @@ class LaunchError(TrellisError):
     code = "launch"
 
 
+def stop_process(
+    process: subprocess.Popen[Any], timeout: float = 10.0, signalled: bool = False
+) -> int:
+    """SIGTERM (unless sent already), wait up to ``timeout``, SIGKILL past it; the exit code."""
+    if process.poll() is None:
+        if not signalled:
+            process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout)
+    return process.returncode
+
+
 @dataclass
 class BrokerProcess:
     """A running broker daemon and where to reach it."""
@@ -55,15 +70,7 @@ class BrokerProcess:
     def stop(self, timeout: float = 10.0, signalled: bool = False) -> int:
         """SIGTERM (unless ``signalled`` already), wait for graceful shutdown, SIGKILL if it
         overruns; returns the exit code. A second SIGTERM would skip the graceful stage."""
-        if self.process.poll() is None:
-            if not signalled:
-                self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout)
-        return self.process.returncode
+        return stop_process(self.process, timeout, signalled)
 
     def kill(self) -> None:
         """Crash the broker (no graceful shutdown), as a fault-injection test wants."""
