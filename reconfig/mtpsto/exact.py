@@ -114,6 +114,22 @@ class _Search:
         inc = self.inc[1]
         return ub < inc.trust or (ub == inc.trust and lb_over >= inc.overhead)
 
+    def descendant_trust(self, y: int, path: list[int]) -> float:
+        """Subscriber ``y``'s best trust in a subscriber on ``path`` that would end up below it
+        (2.0, above any trust, when there is none): the product of its trust in the nodes
+        between them and in that subscriber."""
+        ty = self.tau[y]
+        best = 2.0
+        for j in range(len(path) - 1, -1, -1):
+            d = path[j]
+            if d in self.bit:
+                w = 1.0
+                for k in range(len(path) - 1, j, -1):
+                    w *= ty[path[k]]
+                w *= ty[d]
+                best = min(best, w)
+        return best
+
     def bound(self, st: _State, extra_val: dict[int, float], extra_pp: dict[int, float]) -> float:
         zp = []
         zs = []
@@ -287,6 +303,7 @@ class _Search:
                 if m is not None and x != self.p:
                     lb = min(lb, inst.term(x, m | bj) - inst.term(x, m))
             base[j] = lb
+        best_desc: dict[int, float] = {}
         for y in adj[last]:
             if y in on_path or any(y in a for a in stretch):
                 continue
@@ -318,17 +335,8 @@ class _Search:
                 ev[v] = min(u * self.tau[v][y], desc[v])
                 ep[v] = min(1.0, pps[v] * self.tau_p[y] * _INFLATE)
             if y in self.bit:
-                ty = self.tau[y]
-                best_desc = 2.0
-                for j in range(len(path) - 1, -1, -1):
-                    d = path[j]
-                    if d in self.bit:
-                        w = 1.0
-                        for k in range(len(path) - 1, j, -1):
-                            w *= ty[path[k]]
-                        w *= ty[d]
-                        best_desc = min(best_desc, w)
-                ev[y] = min(self.b_s[y], best_desc)
+                best_desc[y] = self.descendant_trust(y, path)
+                ev[y] = min(self.b_s[y], best_desc[y])
                 ep[y] = self.b_p[y]
             ub = self.bound(st, ev, ep)
             if not self.dominated(ub, lb):
@@ -352,17 +360,7 @@ class _Search:
             if y in self.bit:
                 nups[y] = 1.0
                 npps[y] = 1.0
-                ty = self.tau[y]
-                best_desc = 2.0
-                for j in range(len(path) - 1, -1, -1):
-                    d = path[j]
-                    if d in self.bit:
-                        w = 1.0
-                        for k in range(len(path) - 1, j, -1):
-                            w *= ty[path[k]]
-                        w *= ty[d]
-                        best_desc = min(best_desc, w)
-                ndesc[y] = best_desc
+                ndesc[y] = best_desc[y]
                 nt = len(path)
             self.extend(
                 st,
