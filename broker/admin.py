@@ -122,6 +122,34 @@ class BrokerCollector:
         yield gauge("trellis_prt_entries", "Subscriptions in the PRT", b.router.prt_size)
         yield gauge("trellis_connected_clients", "Connected clients", len(b.clients))
         yield gauge("trellis_broker_links", "Overlay links up", len(b.links))
+        r = b.reconfig.stats
+        rounds = CounterMetricFamily(
+            "trellis_reconfig_rounds",
+            "Reconfiguration rounds this broker led as master, by outcome",
+            labels=["broker", "outcome"],
+        )
+        for outcome, count in (
+            ("applied", r.applied),
+            ("no_plan", r.no_plan),
+            ("refused", r.refused),
+            ("aborted", r.aborted),
+        ):
+            rounds.add_metric([b.config.id, outcome], count)
+        yield rounds
+        yield counter(
+            "trellis_reconfig_links_changed", "Links added by applied plans", r.links_changed
+        )
+        yield counter(
+            "trellis_reconfig_cost_saved",
+            "Local (= global) routing cost saved by applied plans, in window demand units",
+            r.saving,
+        )
+        yield gauge(
+            "trellis_reconfig_last_cost_before", "Local cost before the last plan", r.last_cost_before
+        )
+        yield gauge(
+            "trellis_reconfig_last_cost_after", "Local cost after the last plan", r.last_cost_after
+        )
 
 
 def health(broker: Broker) -> dict[str, object]:
@@ -140,7 +168,7 @@ def health(broker: Broker) -> dict[str, object]:
 
 
 async def start_admin(broker: Broker, host: str, port: int) -> asyncio.Server:
-    """Serve ``/metrics`` and ``/healthz`` for ``broker``."""
+    """Serve ``/metrics``, ``/healthz`` and ``/reconfig`` for ``broker``."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BrokerCollector(broker))  # type: ignore[arg-type]
 
@@ -156,8 +184,12 @@ async def start_admin(broker: Broker, host: str, port: int) -> asyncio.Server:
             elif path.startswith("/healthz"):
                 status, ctype = "200 OK", "application/json"
                 body = json.dumps(health(broker)).encode()
+            elif path.startswith("/reconfig"):
+                status, ctype = "200 OK", "application/json"
+                body = json.dumps(broker.reconfig.describe()).encode()
             else:
-                status, ctype, body = "404 Not Found", "text/plain", b"try /metrics or /healthz\n"
+                status, ctype = "404 Not Found", "text/plain"
+                body = b"try /metrics, /healthz or /reconfig\n"
             head = f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
             writer.write(head.encode() + b"Connection: close\r\n\r\n" + body)
             await asyncio.wait_for(writer.drain(), 5)

@@ -43,6 +43,34 @@ class NeighbourConfig(BaseModel):
         return self.vn or self.id
 
 
+class ReconfigConfig(BaseModel):
+    """Live OCBR reconfiguration (SPEC §5): when this broker acts as master, and how it plans."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(False, description="act as master every interval and accept plans")
+    interval: float = Field(10.0, gt=0, description="Δt: seconds between master turns")
+    jitter: float = Field(
+        0.25, ge=0, lt=1, description="each turn fires at interval × (1 ± jitter), at random"
+    )
+    min_traffic: int = Field(
+        20, ge=1, description="publications observed since the last change before planning"
+    )
+    candidates: int = Field(8, ge=1, description="N: candidate moves priced per tabu iteration")
+    iterations: int = Field(30, ge=0, description="n: tabu iterations per search")
+    tenure: int = Field(3, ge=0, description="iterations a moved link stays tabu")
+    alpha: float = Field(1.0, ge=0, description="α: weight of link cost")
+    beta: float = Field(1.0, ge=0, description="β: weight of broker cost")
+    link_cost: float = Field(1.0, ge=0, description="C_l of every link")
+    broker_cost: float = Field(1.0, ge=0, description="C_b of every broker")
+    lock_lease: float = Field(
+        5.0, gt=0, description="seconds a neighbourhood lock holds without news from its master"
+    )
+    step_timeout: float = Field(
+        3.0, gt=0, description="seconds one protocol step may take before the round aborts"
+    )
+
+
 class BrokerConfig(BaseModel):
     """Everything a broker daemon needs to start."""
 
@@ -75,6 +103,13 @@ class BrokerConfig(BaseModel):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     neighbours: tuple[NeighbourConfig, ...] = Field(
         (), description="overlay neighbours; the broker with the smaller id dials the link"
+    )
+    peers: tuple[NeighbourConfig, ...] = Field(
+        (),
+        description="other overlay brokers this one may link to when reconfiguration moves it",
+    )
+    reconfig: ReconfigConfig = Field(
+        default_factory=ReconfigConfig, description="live OCBR reconfiguration"
     )
     covering: bool = Field(True, description="suppress forwarding of covered subscriptions")
     vn: str | None = Field(None, description="this broker's virtual node (default: its id)")

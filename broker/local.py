@@ -105,21 +105,28 @@ class LocalOverlay:
         vn = self.vn_of(broker_id)
         return {b for n in self.tree.neighbours(vn) for b in self.replicas_of(n)}
 
+    def peer_entry(self, broker_id: str) -> dict[str, Any]:
+        """How other brokers' configs name ``broker_id`` (as a neighbour or a peer)."""
+        vn = self.vn_of(broker_id)
+        members = self.replicas_of(vn)
+        return {
+            "id": broker_id,
+            "endpoint": self.endpoint(broker_id),
+            "vn": vn,
+            "replica": members.index(broker_id),
+            "vn_size": len(members),
+        }
+
     def config_for(self, broker_id: str) -> dict[str, Any]:
         vn = self.vn_of(broker_id)
-        neighbours = []
-        for n in sorted(self.tree.neighbours(vn)):
-            members = self.replicas_of(n)
-            neighbours += [
-                {
-                    "id": b,
-                    "endpoint": self.endpoint(b),
-                    "vn": n,
-                    "replica": i,
-                    "vn_size": len(members),
-                }
-                for i, b in enumerate(members)
-            ]
+        neighbours = [
+            self.peer_entry(b) for n in sorted(self.tree.neighbours(vn)) for b in self.replicas_of(n)
+        ]
+        linked = {n["id"] for n in neighbours}
+        # Every other broker is a peer: reconfiguration may link this one to any of them.
+        peers = [
+            self.peer_entry(b) for b in self.broker_ids if b != broker_id and b not in linked
+        ]
         neighbours += self.extra_neighbours.get(broker_id, [])
         mine = self.replicas_of(vn)
         extra = self.overrides.get(broker_id, {})
@@ -135,6 +142,7 @@ class LocalOverlay:
             "replica": mine.index(broker_id),
             "vn_size": len(mine),
             "neighbours": neighbours,
+            "peers": peers,
         }
 
     @property
@@ -198,6 +206,18 @@ class LocalOverlay:
                 return now
             last = now
         raise OverlayError(f"routing state still changing after {timeout:g} s")
+
+    def live_tree(self) -> Tree:
+        """The VN tree as the brokers' live links say it is now (reconfiguration moves
+        links, so this may differ from :attr:`tree`, the tree the overlay started as)."""
+        links = set()
+        for broker_id, health in self.health().items():
+            vn = self.vn_of(broker_id)
+            for peer in health["links"]:
+                other = self.vn_of(peer)
+                if other != vn:
+                    links.add(tuple(sorted((vn, other))))
+        return Tree(self.tree.brokers, links)
 
     def health(self) -> dict[str, Any]:
         """``/healthz`` of every running broker of the overlay."""

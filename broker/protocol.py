@@ -25,6 +25,7 @@ Layouts (``rid`` is a request id the broker echoes in ACK/ERROR; 0 asks for no A
     LINKSTATE    [15, broker_id, vn, version, [neighbour, ...]]  (broker to broker)
 
     SHARE        [16, publisher, seq, record]                (key share, to broker or client)
+    RECONF       [17, op, data]                              (live reconfiguration)
 
 ``sec`` is nil for a plain publication. For a confidential one the payload is AES-GCM
 ciphertext and ``sec`` is a map: ``pk`` (publisher's Ed25519 key), ``sig`` (its signature),
@@ -76,6 +77,7 @@ class MsgType(IntEnum):
     FORWARD = 14
     LINKSTATE = 15
     SHARE = 16
+    RECONF = 17
 
 
 _DELIVER = int(MsgType.DELIVER)
@@ -192,6 +194,14 @@ class Share:
 
 
 @dataclass(slots=True)
+class Reconf:
+    """One step of the live OCBR protocol (lock, prepare, freeze, marker, install, ...)."""
+
+    op: str
+    data: dict[str, Any]
+
+
+@dataclass(slots=True)
 class LinkState:
     broker_id: str
     vn: str
@@ -216,6 +226,7 @@ Message = (
     | Forward
     | LinkState
     | Share
+    | Reconf
 )
 
 
@@ -271,6 +282,8 @@ def to_wire(msg: Message) -> list[Any]:
             return [MsgType.SHARE, publisher, seq, record]
         case LinkState(broker_id, vn, version, neighbours):
             return [MsgType.LINKSTATE, broker_id, vn, version, neighbours]
+        case Reconf(op, data):
+            return [MsgType.RECONF, op, data]
     raise TypeError(f"not a protocol message: {msg!r}")
 
 
@@ -403,6 +416,7 @@ _LAYOUTS: dict[MsgType, tuple[str, ...]] = {
     MsgType.FORWARD: ("publisher", "seq", "attrs", "payload", "sec"),
     MsgType.LINKSTATE: ("broker_id", "vn", "version", "neighbours"),
     MsgType.SHARE: ("publisher", "seq", "record"),
+    MsgType.RECONF: ("op", "data"),
 }
 
 
@@ -615,6 +629,23 @@ def _build_linkstate(name: str, raw: list[Any]) -> LinkState:
     )
 
 
+RECONF_OPS = frozenset(
+    {"lock", "unlock", "prepare", "freeze", "marker", "install", "resume", "abort", "reply"}
+)
+
+
+def _build_reconf(name: str, raw: list[Any]) -> Reconf:
+    op = raw[1]
+    if op not in RECONF_OPS:
+        raise InvalidRequest(
+            f"{name} field 'op' must be one of {', '.join(sorted(RECONF_OPS))}, got {op!r}"
+        )
+    data = raw[2]
+    if not isinstance(data, dict):
+        raise InvalidRequest(f"{name} field 'data' must be a map")
+    return Reconf(op, data)
+
+
 _BUILDERS = {
     MsgType.HELLO: _build_hello,
     MsgType.WELCOME: _build_welcome,
@@ -632,6 +663,7 @@ _BUILDERS = {
     MsgType.FORWARD: _build_forward,
     MsgType.LINKSTATE: _build_linkstate,
     MsgType.SHARE: _build_share,
+    MsgType.RECONF: _build_reconf,
 }
 
 

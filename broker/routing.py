@@ -15,12 +15,18 @@ Rules:
   what it had been hiding;
 * a publication goes only toward last hops of subscriptions it matches, never back;
 * losing a neighbour withdraws everything learned through it, as if it had unadvertised
-  and unsubscribed; a returning neighbour is resynchronised from scratch.
+  and unsubscribed; a returning neighbour is resynchronised from scratch;
+* announcing an entry again, unchanged, from the same hop changes nothing (after a live
+  reconfiguration a neighbour may re-send what this broker already installed);
+* a live reconfiguration (SPEC §5) replaces the state of the neighbourhood's links wholesale:
+  :func:`hood_routing` computes it at the master, :meth:`Router.install_hood` installs it at
+  every member without a message to the links that did not change, except where the set of
+  entries the member holds really changed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, Mapping
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -36,6 +42,10 @@ class HopLike(Hashable, Protocol):
 
 H = TypeVar("H", bound=HopLike)
 Actions = list[tuple[H, Message]]
+Owned = dict[str, tuple[Filter, str]]
+"""Entries by overlay-wide key, with the neighbourhood node whose region they come from."""
+LinkState = tuple[dict[str, Filter], dict[str, Filter]]
+"""What one directed link carries: (advertisements, subscriptions) by overlay-wide key."""
 
 
 @dataclass(slots=True)
@@ -124,6 +134,8 @@ class Router(Generic[H]):
         state = self._state(hop)
         actions: Actions[H] = []
         if key in state.advertisements:
+            if state.advertisements[key] == flt:
+                return actions
             actions += self.unadvertise(hop, key)
         state.advertisements[key] = flt
         gkey = self.global_key(hop, key)
@@ -172,6 +184,8 @@ class Router(Generic[H]):
         state = self._state(hop)
         actions: Actions[H] = []
         if key in state.subscriptions:
+            if state.subscriptions[key] == flt:
+                return actions
             actions += self.unsubscribe(hop, key)
         state.subscriptions[key] = flt
         self._prt.add((hop, key), flt)
@@ -263,6 +277,84 @@ class Router(Generic[H]):
                 keys.append(key)
         return targets
 
+    # -- live reconfiguration -------------------------------------------------------------
+
+    def owned_entries(self, me: str) -> tuple[Owned, Owned]:
+        """Every advertisement and subscription held, by overlay-wide key, with the node
+        it comes from: the neighbour it was learned from, or ``me`` for local clients.
+
+        At the master of a neighbourhood these are exactly the entries that cross the
+        neighbourhood (its star), which is what :func:`hood_routing` needs.
+        """
+        adverts: Owned = {}
+        subs: Owned = {}
+        for hop, state in self._hops.items():
+            owner = hop.peer_id if hop.is_broker and hop.peer_id is not None else me
+            for key, flt in state.advertisements.items():
+                adverts[self.global_key(hop, key)] = (flt, owner)
+            for key, flt in state.subscriptions.items():
+                subs[self.global_key(hop, key)] = (flt, owner)
+        return adverts, subs
+
+    def install_hood(
+        self,
+        hood: Iterable[str],
+        hops: Mapping[str, H],
+        held: Mapping[str, LinkState],
+        sent: Mapping[str, dict[str, Filter]],
+    ) -> Actions[H]:
+        """Replace the state of every neighbourhood link by the planned one.
+
+        Args:
+            hood: the VNs of the neighbourhood being rearranged.
+            hops: this broker's neighbourhood neighbours after the change, by VN.
+            held: per new neighbour, what this broker holds from it.
+            sent: per new neighbour, the subscriptions this broker has forwarded to it.
+
+        Links outside the neighbourhood hear only of entries this broker gained or lost
+        as a whole (additions first, so no publication meets a gap); the neighbourhood's
+        own links need no message: both ends install the same plan.
+        """
+        hood = set(hood)
+        old_adv: dict[str, Filter] = {}
+        old_sub: dict[str, Filter] = {}
+        for hop in [n for n in self._neighbours if n.peer_id in hood]:
+            state = self._hops.pop(hop, None)
+            self._neighbours.remove(hop)
+            if state is None:
+                continue
+            old_adv.update(state.advertisements)
+            old_sub.update(state.subscriptions)
+            for key in state.subscriptions:
+                self._prt.remove((hop, key))
+        new_adv: dict[str, Filter] = {}
+        new_sub: dict[str, Filter] = {}
+        for vn, hop in hops.items():
+            adverts, subs = held.get(vn, ({}, {}))
+            self._hops[hop] = HopState(dict(adverts), dict(subs), dict(sent.get(vn, {})))
+            self._neighbours.append(hop)
+            for key, flt in subs.items():
+                self._prt.add((hop, key), flt)
+            new_adv.update(adverts)
+            new_sub.update(subs)
+        outside = [n for n in self._neighbours if n.peer_id not in hood]
+        actions: Actions[H] = []
+        for key, flt in new_adv.items():
+            if old_adv.get(key) != flt:
+                actions += [(n, Advertise(0, key, flt)) for n in outside]
+        for key, flt in new_sub.items():
+            if old_sub.get(key) != flt:
+                for n in outside:
+                    if self._wanted_by(n, flt):
+                        actions += self._forward(n, key, flt)
+        for n in outside:
+            for key in old_sub.keys() - new_sub.keys():
+                if self._hops[n].forwarded.pop(key, None) is not None:
+                    actions.append((n, Unsubscribe(0, key)))
+                    actions += self._forward_pending(n)
+            actions += [(n, Unadvertise(0, key)) for key in old_adv.keys() - new_adv.keys()]
+        return actions
+
     # -- introspection --------------------------------------------------------------------
 
     @property
@@ -275,3 +367,60 @@ class Router(Generic[H]):
 
     def forwarded_to(self, n: H) -> dict[str, Filter]:
         return dict(self._hops[n].forwarded) if n in self._hops else {}
+
+
+def reduce_covered(candidates: Iterable[tuple[str, Filter]]) -> dict[str, Filter]:
+    """The subscriptions a link carries once covering has removed what others cover.
+
+    Coverers are taken first (fewest predicates, then key, so the result is the same
+    wherever it is computed); a subscription covered by one already kept is dropped.
+    """
+    kept: dict[str, Filter] = {}
+    for key, flt in sorted(candidates, key=lambda kv: (len(kv[1].predicates), kv[0])):
+        if not any(f.covers(flt) for f in kept.values()):
+            kept[key] = flt
+    return kept
+
+
+def hood_routing(
+    adverts: Owned,
+    subs: Owned,
+    links: Iterable[tuple[str, str]],
+    *,
+    covering: bool = True,
+) -> dict[tuple[str, str], LinkState]:
+    """What every directed link of a neighbourhood's new tree carries (SPEC §5).
+
+    ``adverts`` and ``subs`` are the master's entries with their owners
+    (:meth:`Router.owned_entries`): every entry that can cross the neighbourhood. Over the
+    link x→y travel the advertisements owned on x's side, and the subscriptions owned on
+    x's side that intersect an advertisement owned on y's side (reduced by covering).
+    """
+    adjacency: dict[str, set[str]] = {}
+    for a, b in links:
+        adjacency.setdefault(a, set()).add(b)
+        adjacency.setdefault(b, set()).add(a)
+
+    def side(start: str, away_from: str) -> set[str]:
+        seen = {start}
+        stack = [start]
+        while stack:
+            for nxt in adjacency[stack.pop()]:
+                if nxt not in seen and nxt != away_from:
+                    seen.add(nxt)
+                    stack.append(nxt)
+        return seen
+
+    result: dict[tuple[str, str], LinkState] = {}
+    for a, b in links:
+        for x, y in ((a, b), (b, a)):
+            near, far = side(x, y), side(y, x)
+            far_adverts = [f for f, owner in adverts.values() if owner in far]
+            carried = {k: f for k, (f, owner) in adverts.items() if owner in near}
+            wanted = [
+                (k, f)
+                for k, (f, owner) in subs.items()
+                if owner in near and any(adv.intersects(f) for adv in far_adverts)
+            ]
+            result[(x, y)] = (carried, reduce_covered(wanted) if covering else dict(wanted))
+    return result

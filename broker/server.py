@@ -49,6 +49,7 @@ from broker.protocol import (
     Ping,
     Pong,
     Publish,
+    Reconf,
     Role,
     Share,
     Subscribe,
@@ -93,6 +94,10 @@ class Connection(asyncio.Protocol):
         self.is_broker = dial_peer is not None
         self.dial_peer = dial_peer
         self.vnhop: VNHop | None = None
+        # A control connection carries live-reconfiguration requests, not routing.
+        self.control = False
+        # A link the last reconfiguration removed: it closes without withdrawing anything.
+        self.retired = False
         self.peer = "?"
         self.out: list[bytes] = []
         self.congested = False
@@ -205,6 +210,8 @@ class Connection(asyncio.Protocol):
             self.broker.publish(self, msg)
         elif self.peer_id is None:
             self.handshake_step(msg)
+        elif self.control:
+            self.handle_control(msg)
         elif self.is_broker:
             self.handle_broker(msg)
         else:
@@ -262,6 +269,19 @@ class Connection(asyncio.Protocol):
                     f"{type(msg).__name__.upper()} is not a message a client may send"
                 )
 
+    def handle_control(self, msg: Message) -> None:
+        match msg:
+            case Reconf():
+                self.broker.reconfig.control_request(self, msg)
+            case Ping(token):
+                self.send(Pong(token))
+            case Pong():
+                pass
+            case _:
+                raise ProtocolError(
+                    f"{type(msg).__name__.upper()} is not valid on a control connection"
+                )
+
     def handle_broker(self, msg: Message) -> None:
         broker = self.broker
         router = broker.router
@@ -289,6 +309,8 @@ class Connection(asyncio.Protocol):
                 self.vote_to_remove(hop, "sub", key, known, router.unsubscribe)
             case LinkState():
                 broker.linkstate_received(self, msg)
+            case Reconf():
+                broker.reconfig.link_message(self, msg)
             case Ping(token):
                 self.send(Pong(token))
             case Pong():
@@ -419,11 +441,22 @@ class Broker:
         self.connections: set[Connection] = set()
         self.clients: dict[str, Connection] = {}
         self.links: dict[str, Connection] = {}
+        # Current neighbours; reconfiguration changes them, within the directory of peers.
         self.neighbours: dict[str, NeighbourConfig] = {n.id: n for n in config.neighbours}
+        self.directory: dict[str, NeighbourConfig] = {
+            **{n.id: n for n in config.peers},
+            **self.neighbours,
+        }
         self.vnhops: dict[str, VNHop] = {}
         for n in config.neighbours:
-            if n.vn_id not in self.vnhops:
-                self.vnhops[n.vn_id] = VNHop(n.vn_id, n.vn_size)
+            self.vnhop_for(n)
+        # VNs linked for a reconfiguration in progress, not yet part of routing.
+        self.standby_vns: set[str] = set()
+        self.dialers: dict[str, asyncio.Task[None]] = {}
+        self.frozen = False
+        self.paused: list[Connection] = []
+        # Traffic classes seen since the last window: (source hop, target hops) -> count.
+        self.traffic: dict[tuple[Any, tuple[Any, ...]], int] = {}
         # broker id -> (version, its VN, its live links)
         self.linkstate: dict[str, tuple[int, str, frozenset[str]]] = {}
         self.seen = SeenPublications()
@@ -431,6 +464,16 @@ class Broker:
         self.congested_links: set[Connection] = set()
         self.dirty: list[Connection] = []
         self.stats = BrokerStats()
+        from broker.reconfiguration import ReconfigAgent
+
+        self.reconfig = ReconfigAgent(self)
+
+    def vnhop_for(self, neighbour: NeighbourConfig) -> VNHop:
+        """The router hop of ``neighbour``'s VN (made on first use)."""
+        hop = self.vnhops.get(neighbour.vn_id)
+        if hop is None:
+            hop = self.vnhops[neighbour.vn_id] = VNHop(neighbour.vn_id, neighbour.vn_size)
+        return hop
 
     # -- handshakes -----------------------------------------------------------------------
 
@@ -439,7 +482,12 @@ class Broker:
             raise ProtocolError(
                 f"unsupported protocol version {msg.version}; this broker speaks {PROTOCOL_VERSION}"
             )
-        if msg.role is Role.BROKER:
+        if msg.role is Role.BROKER and msg.options.get("control"):
+            if msg.id not in self.directory and msg.id != self.config.id:
+                raise NotAuthorized(f"unknown broker '{msg.id}': not a peer of '{self.config.id}'")
+            conn.control = True
+            conn.peer_id = msg.id
+        elif msg.role is Role.BROKER:
             self.accept_link(conn, msg.id)
         else:
             self.attach_client(conn, msg.id)
@@ -463,6 +511,9 @@ class Broker:
             self.connection_closed(old)
         conn.peer_id = client_id
         self.clients[client_id] = conn
+        if self.frozen and conn.transport is not None:
+            conn.transport.pause_reading()
+            self.paused.append(conn)
         log.debug("client %s connected from %s", client_id, conn.peer)
 
     def accept_link(self, conn: Connection, peer_id: str) -> None:
@@ -472,7 +523,8 @@ class Broker:
             raise NotAuthorized(
                 f"unknown broker '{peer_id}': not a configured neighbour of '{self.config.id}'"
             )
-        cycle = self.cycle_through(peer_id)
+        standby = self.neighbours[peer_id].vn_id in self.standby_vns
+        cycle = [] if standby else self.cycle_through(peer_id)
         if cycle:
             raise ProtocolError(
                 f"link {self.config.id}-{peer_id} would close a cycle in the overlay: "
@@ -509,10 +561,12 @@ class Broker:
         for broker_id, (version, vn, neighbours) in self.linkstate.items():
             conn.send(LinkState(broker_id, vn, version, sorted(neighbours)))
         self.announce_links()
-        hop = self.vnhops[self.neighbours[conn.peer_id].vn_id]
+        hop = self.vnhop_for(self.neighbours[conn.peer_id])
         conn.vnhop = hop
         first = not hop.members
         hop.members[conn.peer_id] = conn
+        if hop.peer_id in self.standby_vns:
+            return  # routing starts when the reconfiguration installs this link
         if first:
             self.execute(self.router.add_neighbour(hop))
         else:
@@ -520,11 +574,16 @@ class Broker:
             for msg in self.router.state_for(hop):
                 conn.send(msg)
 
+    def linked_vn(self, peer_id: str) -> str | None:
+        """The VN of a current neighbour (None once a reconfiguration removed it)."""
+        neighbour = self.neighbours.get(peer_id)
+        return neighbour.vn_id if neighbour is not None else None
+
     def announce_links(self) -> None:
         """Flood this broker's current neighbour set (versioned by wall clock, so a
         restarted broker's announcements supersede its earlier ones)."""
         version = max(time.time_ns(), self.linkstate.get(self.config.id, (0,))[0] + 1)
-        mine = frozenset(self.links)
+        mine = frozenset(b for b in self.links if self.linked_vn(b) not in self.standby_vns)
         self.linkstate[self.config.id] = (version, self.vn, mine)
         msg = LinkState(self.config.id, self.vn, version, sorted(mine))
         for link in self.links.values():
@@ -586,13 +645,65 @@ class Broker:
         else:
             self.congested_links.discard(conn)
         after = bool(self.congested_links)
-        if before != after:
+        if before != after and not self.frozen:
             for client in self.clients.values():
                 if client.transport is not None and not client.closing:
                     if after:
                         client.transport.pause_reading()
                     else:
                         client.transport.resume_reading()
+
+    def freeze(self, hood: set[str]) -> None:
+        """Stop reading from local clients and from links outside ``hood`` (TCP holds the
+        rest), so that the neighbourhood's own links can be drained."""
+        self.frozen = True
+        for conn in list(self.connections):
+            if conn.transport is None or conn.closing or conn.control or conn.peer_id is None:
+                continue
+            if conn.is_broker and self.linked_vn(conn.peer_id) in hood:
+                continue
+            conn.transport.pause_reading()
+            self.paused.append(conn)
+
+    def unfreeze(self) -> None:
+        """Read again from everything :meth:`freeze` paused (clients stay paused while a
+        broker link is congested)."""
+        self.frozen = False
+        paused, self.paused = self.paused, []
+        for conn in paused:
+            if conn.transport is None or conn.closing:
+                continue
+            if not conn.is_broker and self.congested_links:
+                continue
+            conn.transport.resume_reading()
+
+    def retire(self, vn: str) -> None:
+        """Drop neighbour VN ``vn`` after a reconfiguration removed its link: stop dialling
+        it, refuse its reconnections and close its links without withdrawing anything
+        (the router no longer routes through it)."""
+        hop = self.vnhops.get(vn)
+        for peer_id in [p for p, n in self.neighbours.items() if n.vn_id == vn]:
+            self.stop_dialer(peer_id)
+            del self.neighbours[peer_id]
+            conn = self.links.get(peer_id)
+            if conn is not None:
+                conn.retired = True
+                if hop is not None and hop.members.get(peer_id) is conn:
+                    del hop.members[peer_id]
+                conn.close()
+        if hop is not None:
+            hop.forget()
+
+    def start_dialer(self, neighbour: NeighbourConfig) -> None:
+        """Keep a link to ``neighbour`` open from this side (the side with the smaller id)."""
+        if self.config.id < neighbour.id and neighbour.id not in self.dialers:
+            task = asyncio.get_running_loop().create_task(self.maintain_link(neighbour))
+            self.dialers[neighbour.id] = task
+
+    def stop_dialer(self, peer_id: str) -> None:
+        task = self.dialers.pop(peer_id, None)
+        if task is not None:
+            task.cancel()
 
     # -- routing --------------------------------------------------------------------------
 
@@ -695,6 +806,9 @@ class Broker:
             started = time.perf_counter()
             targets = self.router.route(attrs, source)
             stats.observe_match(time.perf_counter() - started)
+        traffic = self.traffic
+        key = (source, tuple(targets))
+        traffic[key] = traffic.get(key, 0) + 1
         forward_frame: bytes | None = None
         deliver_frames: dict[tuple[str, ...], bytes] = {}
         for conn, keys in targets.items():
@@ -815,14 +929,17 @@ class Server:
         self._write_ready_file()
         async with asyncio.TaskGroup() as tg:
             background = [tg.create_task(self.broker.heartbeat())]
+            if self.config.reconfig.enabled:
+                background.append(tg.create_task(self.broker.reconfig.run()))
             for neighbour in self.config.neighbours:
-                if self.config.id < neighbour.id:
-                    background.append(tg.create_task(self.broker.maintain_link(neighbour)))
+                self.broker.start_dialer(neighbour)
             await self._stop.wait()
             log.info("broker %s shutting down", self.config.id)
             server.close()
             for task in background:
                 task.cancel()
+            for peer_id in list(self.broker.dialers):
+                self.broker.stop_dialer(peer_id)
             await self._close_connections()
         if admin is not None:
             admin.close()
