@@ -145,7 +145,9 @@ class BrokerCollector:
             r.saving,
         )
         yield gauge(
-            "trellis_reconfig_last_cost_before", "Local cost before the last plan", r.last_cost_before
+            "trellis_reconfig_last_cost_before",
+            "Local cost before the last plan",
+            r.last_cost_before,
         )
         yield gauge(
             "trellis_reconfig_last_cost_after", "Local cost after the last plan", r.last_cost_after

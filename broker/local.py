@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import time
@@ -32,11 +33,38 @@ class OverlayError(TrellisError):
     code = "overlay"
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct ports that were free a moment ago."""
-    sockets = []
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel hands out as a connection's source port."""
     try:
-        for _ in range(count):
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports that were free a moment ago.
+
+    They are drawn below the kernel's ephemeral range: a port reserved there could be taken
+    as the source port of some outgoing connection (a broker dialling its neighbours)
+    before its own broker binds it.
+    """
+    floor = _ephemeral_floor()
+    low = max(1024, floor - 12000)
+    rng = random.Random()
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(50 * count):
+            if len(sockets) == count:
+                break
+            sock = socket.socket()
+            try:
+                sock.bind((host, rng.randrange(low, floor) if floor - low > count else 0))
+            except OSError:
+                sock.close()
+                continue
+            sockets.append(sock)
+        while len(sockets) < count:  # a crowded range: fall back to any free port
             sock = socket.socket()
             sock.bind((host, 0))
             sockets.append(sock)
@@ -120,13 +148,13 @@ class LocalOverlay:
     def config_for(self, broker_id: str) -> dict[str, Any]:
         vn = self.vn_of(broker_id)
         neighbours = [
-            self.peer_entry(b) for n in sorted(self.tree.neighbours(vn)) for b in self.replicas_of(n)
+            self.peer_entry(b)
+            for n in sorted(self.tree.neighbours(vn))
+            for b in self.replicas_of(n)
         ]
         linked = {n["id"] for n in neighbours}
         # Every other broker is a peer: reconfiguration may link this one to any of them.
-        peers = [
-            self.peer_entry(b) for b in self.broker_ids if b != broker_id and b not in linked
-        ]
+        peers = [self.peer_entry(b) for b in self.broker_ids if b != broker_id and b not in linked]
         neighbours += self.extra_neighbours.get(broker_id, [])
         mine = self.replicas_of(vn)
         extra = self.overrides.get(broker_id, {})
