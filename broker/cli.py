@@ -185,10 +185,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     from broker.local import start_overlay
 
     tree = tree_for(args.topology, args.vns, args.seed)
+    settings: dict[str, Any] = {"covering": not args.no_covering}
+    if args.reconfig:
+        settings["reconfig"] = {"enabled": True, "interval": args.reconfig_interval}
     overlay = start_overlay(
         Path(args.dir),
         tree,
-        {"covering": not args.no_covering},
+        settings,
         replicas=replica_counts(args.replicas, sorted(tree.brokers)),
         overrides=byzantine_modes(args.byzantine),
     )
@@ -223,8 +226,96 @@ def cmd_topology(args: argparse.Namespace) -> int:
             f"{h.get('status')}: links={','.join(h.get('links', []))} "
             f"clients={h.get('clients', '-')} srt={h.get('srt', '-')} prt={h.get('prt', '-')}"
         )
-    print("links: " + " ".join(f"{a}-{b}" for a, b in info["links"]))
+    vn_of = {b: vn for vn, members in info["vns"].items() for b in members}
+    live = {
+        tuple(sorted((vn_of[broker["id"]], vn_of[peer])))
+        for broker in info["brokers"]
+        for peer in broker["health"].get("links", [])
+        if peer in vn_of and vn_of[peer] != vn_of[broker["id"]]
+    }
+    print("links: " + " ".join(f"{a}-{b}" for a, b in sorted(live)))
+    if live != {tuple(lk) for lk in info["links"]}:
+        print("started as: " + " ".join(f"{a}-{b}" for a, b in info["links"]))
     return 0
+
+
+# -- reconfig ---------------------------------------------------------------------------
+
+
+def measured_cost(states: dict[str, dict[str, Any]], vns: dict[str, list[str]]) -> dict[str, float]:
+    """Routing cost so far from the brokers' own counters, one replica per VN.
+
+    With exact routing a publication costs β·C_b at every VN that routes it and α·C_l on
+    every link it crosses, access links included (its publish and each delivery): the
+    SPEC §5 cost, summed over the traffic actually carried.
+    """
+    cost = published = 0.0
+    for members in vns.values():
+        state = next((states[b] for b in sorted(members) if b in states), None)
+        if state is None:
+            continue
+        t, m = state["traffic"], state["model"]
+        hops = t["forwarded"] + t["published"] + t["delivered"]
+        cost += m["alpha"] * m["link_cost"] * hops + m["beta"] * m["broker_cost"] * t["routed"]
+        published += t["published"]
+    return {"cost": cost, "published": published}
+
+
+def describe_round(record: dict[str, Any]) -> str:
+    line = f"{record['round']:<14} master {record['master']:<6} {record['outcome']}"
+    if "change" in record:
+        old = " ".join(f"{a}-{b}" for a, b in record["neighbourhood"])
+        new = " ".join(f"{a}-{b}" for a, b in record["new_neighbourhood"])
+        line += (
+            f"\n    {old}  ->  {new}\n    local cost {record['cost_before']:.0f} -> "
+            f"{record['cost_after']:.0f}"
+        )
+    return line
+
+
+def cmd_reconfig(args: argparse.Namespace) -> int:
+    from broker.local import fetch_json, read_overlay
+
+    info = read_overlay(Path(args.dir))
+    admin = {b["id"]: b["admin"] for b in info["brokers"]}
+    shown: set[str] = set()
+    rounds = 0
+    last: dict[str, float] | None = None
+    deadline = time.monotonic() + args.timeout if args.timeout else None
+    while True:
+        states = {}
+        for broker_id, url in admin.items():
+            try:
+                states[broker_id] = fetch_json(url + "/reconfig")
+            except OSError as exc:
+                log.warning("broker %s unreachable: %s", broker_id, exc)
+        records = sorted(
+            (r for s in states.values() for r in s["rounds"] if r["round"] not in shown),
+            key=lambda r: r["time"],
+        )
+        for record in records:
+            shown.add(record["round"])
+            if last is not None or args.rounds is None:
+                rounds += 1
+                print(describe_round(record), flush=True)
+        now = measured_cost(states, info["vns"])
+        if last is not None and now["published"] > last["published"]:
+            per = (now["cost"] - last["cost"]) / (now["published"] - last["published"])
+            print(
+                f"{time.strftime('%H:%M:%S')} global cost {per:.2f} per publication "
+                f"({now['published'] - last['published']:.0f} published)",
+                flush=True,
+            )
+        last = now
+        if not args.watch and args.rounds is None:
+            applied = sum(s["applied"] for s in states.values())
+            print(f"{applied} rounds applied; brokers: {len(states)}/{len(admin)} reachable")
+            return 0
+        if args.rounds is not None and rounds >= args.rounds:
+            return 0
+        if deadline is not None and time.monotonic() > deadline:
+            return 0
+        time.sleep(args.every)
 
 
 # -- demo -------------------------------------------------------------------------------
@@ -305,6 +396,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1, help="seed for --topology random")
     p.add_argument("--dir", required=True, help="where configs, logs and overlay.json go")
     p.add_argument("--no-covering", action="store_true", help="disable subscription covering")
+    p.add_argument("--reconfig", action="store_true", help="brokers rearrange the tree (OCBR)")
+    p.add_argument(
+        "--reconfig-interval", type=float, default=2.0, help="seconds between master turns"
+    )
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("down", help="stop a local overlay")
@@ -315,6 +410,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", required=True)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_topology)
+
+    p = sub.add_parser("reconfig", help="show live reconfiguration rounds and the global cost")
+    p.add_argument("--dir", required=True, help="a local overlay's directory (trellis up)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--rounds", type=int, help="follow until this many new rounds ran")
+    how.add_argument("--watch", action="store_true", help="follow until interrupted")
+    p.add_argument("--every", type=float, default=1.0, help="seconds between polls")
+    p.add_argument("--timeout", type=float, help="stop following after this many seconds")
+    p.set_defaults(func=cmd_reconfig)
 
     p = sub.add_parser("demo", help="the embedded default: a local broker with live traffic")
     p.add_argument("--dir", help="working directory for broker files (default: a temp dir)")

@@ -210,3 +210,63 @@ async def test_live_reconfiguration_lowers_cost_and_loses_nothing(
             for b in overlay.replicas_of(vn)
         }
         assert len(seen) == 1, seen
+
+
+async def test_cli_follows_rounds_and_shows_the_moved_tree(tmp_path) -> None:
+    """`trellis up --reconfig`, traffic that b1 only relays, then `trellis reconfig` and
+    `trellis topology` report the move that took b1 off the path."""
+    import json
+    import subprocess
+    import sys
+
+    def trellis(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "broker", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    workdir = tmp_path / "ov"
+    up = await asyncio.to_thread(
+        trellis,
+        "up",
+        "--vns",
+        "4",
+        "--reconfig",
+        "--reconfig-interval",
+        "0.3",
+        "--dir",
+        str(workdir),
+    )
+    assert up.returncode == 0, up.stderr
+    try:
+        endpoints = {b["id"]: [b["endpoint"]] for b in json.loads(up.stdout)["brokers"]}
+        follow = asyncio.create_task(
+            asyncio.to_thread(
+                trellis, "reconfig", "--dir", str(workdir), "--rounds", "1", "--timeout", "30"
+            )
+        )
+        async with (
+            Client(endpoints["b0"], client_id="pub") as pub,
+            Client(endpoints["b2"], client_id="sub") as sc,
+            sc.subscribe("class = 'x'"),
+        ):
+            await pub.advertise("class = 'x'")
+            await asyncio.sleep(0.5)
+            while not follow.done():
+                for _ in range(20):
+                    await pub.publish({"class": "x"}, b"p", ack=False)
+                await pub.drain()
+                await asyncio.sleep(0.05)
+        followed = await follow
+        assert followed.returncode == 0, followed.stderr
+        assert "master b1     applied" in followed.stdout
+        assert "b0-b2" in followed.stdout
+        shown = await asyncio.to_thread(trellis, "topology", "--dir", str(workdir))
+        assert "started as: b0-b1 b1-b2 b2-b3" in shown.stdout
+        assert "b0-b2" in shown.stdout.splitlines()[-2]
+    finally:
+        down = await asyncio.to_thread(trellis, "down", "--dir", str(workdir))
+    assert down.returncode == 0, down.stderr
