@@ -21,7 +21,7 @@ from typing import Any
 from broker.errors import TrellisError
 from broker.launcher import BrokerProcess, start_broker
 from overlay.manifest import Manifest
-from overlay.tree import Tree
+from overlay.tree import TopologyError, Tree
 from security.envelope import generate_signing_key, private_key_to_bytes, public_key_to_bytes
 
 OVERLAY_FILE = "overlay.json"
@@ -235,17 +235,28 @@ class LocalOverlay:
             last = now
         raise OverlayError(f"routing state still changing after {timeout:g} s")
 
-    def live_tree(self) -> Tree:
+    def live_tree(self, timeout: float = 5.0) -> Tree:
         """The VN tree as the brokers' live links say it is now (reconfiguration moves
-        links, so this may differ from :attr:`tree`, the tree the overlay started as)."""
-        links = set()
-        for broker_id, health in self.health().items():
-            vn = self.vn_of(broker_id)
-            for peer in health["links"]:
-                other = self.vn_of(peer)
-                if other != vn:
-                    links.add(tuple(sorted((vn, other))))
-        return Tree(self.tree.brokers, links)
+        links, so this may differ from :attr:`tree`, the tree the overlay started as).
+
+        While a round has a new link up in standby, the links form a cycle for a moment:
+        this asks again until they form a tree or ``timeout`` passes.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            links = set()
+            for broker_id, health in self.health().items():
+                vn = self.vn_of(broker_id)
+                for peer in health["links"]:
+                    other = self.vn_of(peer)
+                    if other != vn:
+                        links.add(tuple(sorted((vn, other))))
+            try:
+                return Tree(self.tree.brokers, links)
+            except TopologyError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def health(self) -> dict[str, Any]:
         """``/healthz`` of every running broker of the overlay."""

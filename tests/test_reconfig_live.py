@@ -57,16 +57,6 @@ def applied_rounds(overlay: LocalOverlay) -> int:
     return total
 
 
-def live_tree(overlay: LocalOverlay) -> Tree:
-    """The live topology (retried while a round has a standby link up)."""
-    for _ in range(100):
-        try:
-            return overlay.live_tree()
-        except ValueError:
-            time.sleep(0.05)
-    return overlay.live_tree()
-
-
 def phase_cost(tree: Tree, groups: list[Group]) -> float:
     """SPEC §5 cost of the delivered traffic of ``groups`` on ``tree`` (unit costs)."""
     clients: dict[str, str] = {}
@@ -149,7 +139,7 @@ async def test_live_reconfiguration_lowers_cost_and_loses_nothing(
         tasks += [asyncio.create_task(run_group(overlay, g, stop, ready)) for g in phase_groups]
         await asyncio.sleep(1.0)  # clients connected and subscribed
         await asyncio.to_thread(overlay.wait_quiet)
-        before_tree = await asyncio.to_thread(live_tree, overlay)
+        before_tree = await asyncio.to_thread(overlay.live_tree)
         before_applied = await asyncio.to_thread(applied_rounds, overlay)
         ready.set()
         started = time.monotonic()
@@ -164,7 +154,7 @@ async def test_live_reconfiguration_lowers_cost_and_loses_nothing(
                 last_change, last_applied = time.monotonic(), now
         stop.set()
         await asyncio.sleep(0.3)
-        after_tree = await asyncio.to_thread(live_tree, overlay)
+        after_tree = await asyncio.to_thread(overlay.live_tree)
         groups += phase_groups
         phases.append(
             (
