@@ -630,7 +630,18 @@ def _build_linkstate(name: str, raw: list[Any]) -> LinkState:
 
 
 RECONF_OPS = frozenset(
-    {"lock", "unlock", "prepare", "freeze", "marker", "install", "resume", "abort", "reply"}
+    {
+        "lock",
+        "unlock",
+        "prepare",
+        "connect",
+        "freeze",
+        "marker",
+        "install",
+        "resume",
+        "abort",
+        "reply",
+    }
 )
 
 

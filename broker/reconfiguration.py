@@ -13,7 +13,9 @@ each member broker over a short-lived *control connection* (HELLO with ``control
    its next (jittered) turn. A lease expires on its own if its master goes silent.
 2. The coordinator plans from the traffic classes it counted since its last window
    (:mod:`reconfig.ocbr`); without a cheaper tree it unlocks and stops here.
-3. ``prepare``: members open the plan's new links in *standby*: connected, not routed over.
+3. ``prepare`` then ``connect``: members first accept the plan's new neighbours, then
+   open the new links in *standby*: connected, not routed over. (Two steps, so no
+   dialler reaches an acceptor that does not expect it yet.)
 4. ``freeze``: members stop reading from local clients and from links that leave the
    neighbourhood (TCP holds that traffic back; nothing is dropped) and drain the old
    links in two waves of in-band markers. Neighbours mark their links to the master;
@@ -45,7 +47,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from broker.errors import ProtocolError, TrellisError
+from broker.errors import InvalidRequest, ProtocolError, TrellisError
 from broker.filters import Filter
 from broker.protocol import (
     HEADER_SIZE,
@@ -186,8 +188,15 @@ class ReconfigAgent:
     # -- master turns ---------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Take a master turn every jittered interval; expire stale leases meanwhile."""
+        """Take a master turn every jittered interval; expire stale leases meanwhile.
+
+        With reconfiguration off the broker still counts its traffic classes, one window
+        per interval, for ``/reconfig`` (and so that counting holds no departed client).
+        """
         s = self.settings
+        while not s.enabled:
+            await asyncio.sleep(s.interval)
+            self.start_window()
         while True:
             delay = s.interval * (1 + self.rng.uniform(-s.jitter, s.jitter))
             deadline = time.monotonic() + delay
@@ -279,7 +288,9 @@ class ReconfigAgent:
         record.update(plan.to_dict())
         record["new_neighbourhood"] = new_links
         prepare = {"round": round_id, "master": b.vn, "hood": hood, "links": new_links}
-        if not await self._step(channels, "prepare", prepare):
+        if not await self._step(channels, "prepare", prepare) or not await self._step(
+            channels, "connect", {"round": round_id}
+        ):
             await self._abort_all(channels, round_id)
             return "aborted: new links did not come up"
         if not await self._step(channels, "freeze", {"round": round_id}):
@@ -409,6 +420,8 @@ class ReconfigAgent:
         async def serve() -> None:
             try:
                 reply = await self.handle(msg.op, msg.data)
+            except TrellisError as exc:
+                reply = {"ok": False, "error": f"{self.broker.config.id}: {exc.message}"}
             except Exception as exc:  # a failed step must reach the coordinator as an answer
                 log.exception("reconfiguration step %s failed", msg.op)
                 reply = {"ok": False, "error": f"{self.broker.config.id}: {exc}"}
@@ -454,10 +467,12 @@ class ReconfigAgent:
             self.lease = None
             return {"ok": True}
         if op == "prepare":
-            return await self.prepare(round_id, data)
+            return self.prepare(round_id, data)
         pending = self.pending
         if pending is None or pending.round != round_id:
             return {"ok": False, "error": f"{me} has no prepared round {round_id}"}
+        if op == "connect":
+            return await self.connect(pending)
         if op == "freeze":
             return await self.freeze(pending)
         if op == "install":
@@ -467,22 +482,36 @@ class ReconfigAgent:
             return {"ok": True}
         return {"ok": False, "error": f"unknown step {op!r}"}
 
-    async def prepare(self, round_id: str, data: dict[str, Any]) -> dict[str, Any]:
-        """Open the plan's new links of this broker's VN, in standby."""
+    def prepare(self, round_id: str, data: dict[str, Any]) -> dict[str, Any]:
+        """Accept the plan's new neighbours of this broker's VN (in standby)."""
         b = self.broker
-        hood = {str(v) for v in data["hood"]}
-        new = {str(y) for x, y in data["links"] if x == b.vn} | {
-            str(x) for x, y in data["links"] if y == b.vn
-        }
-        old = set(self.neighbour_vns()) & hood
+        hood, links, master = data.get("hood"), data.get("links"), data.get("master")
+        if not isinstance(hood, list) or not all(isinstance(v, str) for v in hood):
+            raise InvalidRequest("RECONF prepare field 'hood' must be a list of VN ids")
+        if not isinstance(links, list) or not all(
+            isinstance(lk, list | tuple) and len(lk) == 2 and all(isinstance(v, str) for v in lk)
+            for lk in links
+        ):
+            raise InvalidRequest("RECONF prepare field 'links' must be a list of VN id pairs")
+        if master not in hood:
+            raise InvalidRequest("RECONF prepare field 'master' must be one of 'hood'")
+        new = {y for x, y in links if x == b.vn} | {x for x, y in links if y == b.vn}
+        old = set(self.neighbour_vns()) & set(hood)
         added = new - old
-        self.pending = Pending(round_id, str(data["master"]), hood, new, added, old - new)
+        self.pending = Pending(round_id, master, set(hood), new, added, old - new)
         self._markers.pop(round_id, None)
-        peers = [n for n in b.directory.values() if n.vn_id in added]
         b.standby_vns |= added
+        for peer in b.directory.values():
+            if peer.vn_id in added:
+                b.neighbours[peer.id] = peer
+                b.vnhop_for(peer)
+        return {"ok": True}
+
+    async def connect(self, pending: Pending) -> dict[str, Any]:
+        """Open the new links (this side dials those to larger ids) and wait for all."""
+        b = self.broker
+        peers = [n for n in b.directory.values() if n.vn_id in pending.added]
         for peer in peers:
-            b.neighbours[peer.id] = peer
-            b.vnhop_for(peer)
             b.start_dialer(peer)
         deadline = time.monotonic() + self.settings.step_timeout
         while not all(p.id in b.links for p in peers):
@@ -603,6 +632,10 @@ class ReconfigAgent:
             "aborted": s.aborted,
             "links_changed": s.links_changed,
             "saving": s.saving,
+            "window": {
+                "seconds": time.monotonic() - self.window_started,
+                "classes": self.local_view().to_dict()["classes"],
+            },
             "traffic": {
                 "routed": b.stats.routed,
                 "forwarded": sum(b.stats.forwarded.values()),

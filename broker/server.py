@@ -928,9 +928,10 @@ class Server:
             )
         self._write_ready_file()
         async with asyncio.TaskGroup() as tg:
-            background = [tg.create_task(self.broker.heartbeat())]
-            if self.config.reconfig.enabled:
-                background.append(tg.create_task(self.broker.reconfig.run()))
+            background = [
+                tg.create_task(self.broker.heartbeat()),
+                tg.create_task(self.broker.reconfig.run()),
+            ]
             for neighbour in self.config.neighbours:
                 self.broker.start_dialer(neighbour)
             await self._stop.wait()

@@ -206,3 +206,49 @@ async def test_many_bad_clients_at_once_do_not_disturb_the_witness(
 
     await asyncio.gather(*(bad(i) for i in range(50)))
     await witness.check_still_served()
+
+
+async def test_a_client_sending_reconf_is_closed(broker: BrokerProcess, witness: Witness) -> None:
+    peer = await RawPeer.connect(broker.endpoint)
+    await peer.hello()
+    await peer.send(MsgType.RECONF, "lock", {"round": "x"})
+    await expect_error_and_close(peer, "protocol", "RECONF is not a message a client may send")
+    await witness.check_still_served()
+
+
+async def test_control_connection_from_an_unknown_broker_is_refused(
+    broker: BrokerProcess, witness: Witness
+) -> None:
+    peer = await RawPeer.connect(broker.endpoint)
+    await peer.send(MsgType.HELLO, PROTOCOL_VERSION, "broker", "intruder", {"control": True})
+    await expect_error_and_close(peer, "not_authorized", "unknown broker 'intruder'")
+    await witness.check_still_served()
+
+
+async def test_bad_reconfiguration_requests_get_precise_answers(run_broker) -> None:
+    broker = run_broker("b1", peers=[{"id": "b9", "endpoint": "127.0.0.1:9", "vn": "b9"}])
+    witness = Witness(broker.endpoint)
+    await witness.start()
+    try:
+        peer = await RawPeer.connect(broker.endpoint)
+        await peer.send(MsgType.HELLO, PROTOCOL_VERSION, "broker", "b9", {"control": True})
+        assert type(await peer.receive()).__name__ == "Welcome"
+        # A step out of order is refused; the control connection stays open.
+        await peer.send(MsgType.RECONF, "freeze", {"round": "r1"})
+        reply = await peer.receive()
+        assert reply.data == {"ok": False, "error": "b1 holds no lock for round r1"}
+        await peer.send(MsgType.RECONF, "lock", {"round": "r1", "master": "b9", "lease": 2.0})
+        assert (await peer.receive()).data == {"ok": True}
+        await peer.send(MsgType.RECONF, "prepare", {"round": "r1", "hood": ["b1"], "links": 3})
+        reply = await peer.receive()
+        assert reply.data["ok"] is False
+        assert "field 'links' must be a list of VN id pairs" in reply.data["error"]
+        await peer.send(MsgType.RECONF, "abort", {"round": "r1"})
+        assert (await peer.receive()).data == {"ok": True}
+        await witness.check_still_served()
+        # An unknown step is an invalid frame: that connection only is closed.
+        await peer.send(MsgType.RECONF, "explode", {})
+        await expect_error_and_close(peer, "invalid_request", "field 'op' must be one of")
+        await witness.check_still_served()
+    finally:
+        await witness.stop()
