@@ -42,7 +42,7 @@ import contextlib
 import logging
 import random
 import time
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -363,7 +363,7 @@ class ReconfigAgent:
 
     def start_window(self) -> None:
         """Start a new traffic window (after a turn, or when the neighbourhood changed)."""
-        self.broker.traffic = {}
+        self.broker.traffic = defaultdict(int)
         self.window_started = time.monotonic()
 
     def local_view(self) -> LocalView:
@@ -374,9 +374,9 @@ class ReconfigAgent:
         neighbours = set(self.neighbour_vns())
         classes: dict[frozenset[str], float] = {}
         local: set[str] = set()
-        for (source, targets), count in b.traffic.items():
+        for hops, count in b.traffic.items():
             names = set()
-            for hop in (source, *targets):
+            for hop in hops:
                 name = str(hop.peer_id)
                 if hop.is_broker:
                     if name not in neighbours:

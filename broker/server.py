@@ -29,6 +29,7 @@ import os
 import random
 import signal
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any, cast
 
@@ -455,8 +456,8 @@ class Broker:
         self.dialers: dict[str, asyncio.Task[None]] = {}
         self.frozen = False
         self.paused: list[Connection] = []
-        # Traffic classes seen since the last window: (source hop, target hops) -> count.
-        self.traffic: dict[tuple[Any, tuple[Any, ...]], int] = {}
+        # Traffic classes seen since the last window: (source hop, *target hops) -> count.
+        self.traffic: defaultdict[tuple[Any, ...], int] = defaultdict(int)
         # broker id -> (version, its VN, its live links)
         self.linkstate: dict[str, tuple[int, str, frozenset[str]]] = {}
         self.seen = SeenPublications()
@@ -806,9 +807,8 @@ class Broker:
             started = time.perf_counter()
             targets = self.router.route(attrs, source)
             stats.observe_match(time.perf_counter() - started)
-        traffic = self.traffic
-        key = (source, tuple(targets))
-        traffic[key] = traffic.get(key, 0) + 1
+        if targets:
+            self.traffic[(source, *targets)] += 1
         forward_frame: bytes | None = None
         deliver_frames: dict[tuple[str, ...], bytes] = {}
         for conn, keys in targets.items():
