@@ -32,7 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, cast
 
-from broker.confidential import EpochKey, KeyAssembly, path_view
+from broker.confidential import EpochKey, KeyAssembly
 from broker.errors import (
     ERRORS_BY_CODE,
     ConnectionLost,
@@ -817,6 +817,8 @@ class Client:
             return
         assembly = self._assembly(msg.publisher, msg.seq)
         assembly.add(link.broker_id, record)
+        if self.manifest is not None and self.vn is not None:
+            assembly.elect_path(self.manifest, self.vn)
         if assembly.path is not None:
             had_key = assembly.key is not None
             assembly.try_key(assembly.path)
@@ -835,8 +837,10 @@ class Client:
             return None
         assert delivery.sec is not None
         assembly = self._assembly(delivery.publisher, delivery.sec["epoch"])
-        if assembly.path is None:
-            assembly.path = path_view(self.manifest, delivery.publisher, delivery.sec, self.vn)
+        if assembly.sec is None:
+            assembly.sec = delivery.sec
+        if assembly.elect_path(self.manifest, self.vn) is None:
+            return None
         assembly.try_key(assembly.path)
         return assembly.open(delivery.seq, delivery.attrs, delivery.payload)
 

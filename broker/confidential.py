@@ -114,22 +114,83 @@ def signature_valid(
     return True
 
 
-_PATH_CACHE: WeakKeyDictionary[Manifest, dict[tuple[str, str], tuple[tuple[Member, ...], ...]]]
+_PATH_CACHE: WeakKeyDictionary[Manifest, dict[tuple[str, ...], tuple[tuple[Member, ...], ...]]]
 _PATH_CACHE = WeakKeyDictionary()
 
 
-def path_view(manifest: Manifest, publisher: str, sec: dict[str, Any], target_vn: str) -> PathView:
-    """Who may sign each split of this publication on its way to ``target_vn``."""
+def path_view(
+    manifest: Manifest, publisher: str, sec: dict[str, Any], path: tuple[str, ...]
+) -> PathView:
+    """Who may sign each split of this publication along the VN ``path`` it travelled."""
     paths = _PATH_CACHE.setdefault(manifest, {})
-    key = (sec["vn"], target_vn)
-    vns = paths.get(key)
+    vns = paths.get(path)
     if vns is None:
         # Decoding the members' keys once per path, not once per publication.
-        vns = paths[key] = tuple(
+        vns = paths[path] = tuple(
             tuple(Member(b, public_key_from_bytes(manifest.keys[b])) for b in manifest.members[vn])
-            for vn in manifest.vn_path(sec["vn"], target_vn)
+            for vn in path
         )
     return PathView(Member(publisher, public_key_from_bytes(sec["pk"])), vns)
+
+
+def claimed_path(
+    manifest: Manifest, sec: dict[str, Any], record: ShareRecord, holder_vn: str
+) -> tuple[str, ...] | None:
+    """The VN path a key share says it travelled, or None when that cannot be a path.
+
+    Live reconfiguration moves links, so a publication's path is not the manifest's tree:
+    it is read from the share's signed split certificates. VN_1 is the publisher's edge VN
+    (bound by the publisher's signature); VN_d, 1 < d < h, is the VN of the replica that
+    signed the split at level d; VN_h is the holder's own. Only a majority of a VN can make
+    a verifier adopt a path (see :class:`PathVote`), so a Byzantine minority cannot.
+    """
+    h = record.level
+    if h < 1 or len(record.certs) != h:
+        return None
+    path = [str(sec["vn"])]
+    for d in range(1, h):
+        vn = manifest.owner(record.certs[d].splitter)
+        if vn is None or (d == 1 and vn != path[0]):
+            return None
+        if d > 1:
+            path.append(vn)
+    if h > 1:
+        path.append(holder_vn)
+    elif holder_vn != path[0]:
+        return None
+    if len(set(path)) != len(path) or any(vn not in manifest.members for vn in path):
+        return None
+    return tuple(path)
+
+
+@dataclass
+class PathVote:
+    """Which path the shares of one key epoch travelled, by the senders that vouch for it.
+
+    A verifier adopts a path once a majority of the sending VN's replicas (or the publisher
+    itself, at the edge) delivered shares that claim it. Honest replicas are a majority and
+    all claim the true path; the shares that claim any other fail verification against it.
+    """
+
+    votes: dict[tuple[str, ...], set[str]] = field(default_factory=dict)
+
+    def offer(
+        self,
+        manifest: Manifest,
+        sec: dict[str, Any],
+        record: ShareRecord,
+        sender: str,
+        holder_vn: str,
+    ) -> tuple[str, ...] | None:
+        """Count ``sender``'s claim; the path once it has a majority, else None."""
+        path = claimed_path(manifest, sec, record, holder_vn)
+        if path is None:
+            return None
+        voters = self.votes.setdefault(path, set())
+        voters.add(sender)
+        vn = manifest.owner(sender)
+        needed = 1 if vn is None else len(manifest.members[vn]) // 2 + 1
+        return path if len(voters) >= needed else None
 
 
 @dataclass
@@ -142,11 +203,24 @@ class KeyAssembly:
     key: bytes | None = None
     culprits: frozenset[str] = frozenset()
     path: PathView | None = None
+    sec: dict[str, Any] | None = None
     audited: bool = False
     _verifier: ChainVerifier | None = None
+    _vote: PathVote = field(default_factory=PathVote)
 
     def add(self, sender: str, record: ShareRecord) -> None:
         self.shares.append((sender, record))
+
+    def elect_path(self, manifest: Manifest, holder_vn: str) -> PathView | None:
+        """The path of this epoch's shares, once the edge VN's majority agrees on it."""
+        if self.path is None and self.sec is not None:
+            self._vote = PathVote()
+            for sender, record in self.shares:
+                path = self._vote.offer(manifest, self.sec, record, sender, holder_vn)
+                if path is not None:
+                    self.path = path_view(manifest, self.publisher, self.sec, path)
+                    break
+        return self.path
 
     def try_key(self, path: PathView) -> bytes | None:
         """Reconstruct once enough shares are in; None until then.

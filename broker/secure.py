@@ -23,10 +23,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker.confidential import path_view, publication_id, signature_valid
+from broker.confidential import PathVote, path_view, publication_id, signature_valid
 from broker.protocol import Publish, Share
 from overlay.manifest import Manifest
-from overlay.tree import TopologyError
 from security.envelope import Signer, private_key_from_bytes
 from security.propagation import (
     PropagationError,
@@ -66,6 +65,8 @@ class SecureForwarding:
         self.inboxes: OrderedDict[tuple[str, int], ShareInbox] = OrderedDict()
         # shares that arrived before any content of their epoch: (record, sender)
         self.unverified: OrderedDict[tuple[str, int], list[Any]] = OrderedDict()
+        # The security block of each epoch whose content was routed here.
+        self.secs: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
         self.collude_log = config.collude_log if self.mode == "collude" else None
 
     @property
@@ -115,8 +116,11 @@ class SecureForwarding:
         if self.mode == "drop" or not self.enabled:
             return
         key = (publisher, epoch)
-        if key not in self.inboxes:
-            self._open_inbox(key, sec)
+        if key not in self.inboxes and key not in self.secs:
+            self.secs[key] = sec
+            if len(self.secs) > _EPOCH_MEMORY:
+                self.secs.popitem(last=False)
+            self._open_inbox(key)
         served = self._remember(self.served, key)
         held = self.held.get(key, ())
         for hop in targets:
@@ -151,14 +155,27 @@ class SecureForwarding:
             self._accept(key, record, sender)
         else:
             self._remember(self.unverified, key).append((record, sender))
+            self._open_inbox(key)
 
-    def _open_inbox(self, key: tuple[str, int], sec: dict[str, Any]) -> None:
-        """Start verifying an epoch's shares against the manifest's view of its path."""
+    def _open_inbox(self, key: tuple[str, int]) -> None:
+        """Start verifying an epoch's shares once its content was routed here and a majority
+        of the sending VN agrees on the path the shares travelled (:class:`PathVote`)."""
         assert self.manifest is not None
+        sec = self.secs.get(key)
+        if sec is None:
+            return
+        vote = PathVote()
+        chosen = None
+        for record, sender in self.unverified.get(key, ()):
+            chosen = vote.offer(self.manifest, sec, record, sender, self.broker.vn)
+            if chosen is not None:
+                break
+        if chosen is None:
+            return
         try:
-            path = path_view(self.manifest, key[0], sec, self.broker.vn)
+            path = path_view(self.manifest, key[0], sec, chosen)
             inbox = ShareInbox(path, publication_id(*key), path.depth, self.broker.config.replica)
-        except (PropagationError, TopologyError, KeyError) as exc:
+        except (PropagationError, KeyError) as exc:
             log.warning("cannot verify shares of %s/%d: %s", key[0], key[1], exc)
             return
         self.inboxes[key] = inbox

@@ -3,7 +3,9 @@
 Verifying a key share needs to know who may sign each split along a publication's path:
 the replicas of every VN on it, in replica order, with their Ed25519 public keys. Operators
 distribute this manifest (a JSON file) to brokers and confidential subscribers as their
-trust anchor; nothing learned over the network can change it.
+trust anchor; nothing learned over the network can change its membership or keys. Which
+VNs a publication crossed is read from its shares' signed certificates, not from the tree
+here (live reconfiguration moves links; see ``broker.confidential.claimed_path``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +38,28 @@ class Manifest:
             if not ids or missing:
                 raise TopologyError(f"VN {vn}: no replicas or no key for {missing}", "malformed")
 
+    @cached_property
+    def _owners(self) -> dict[str, str]:
+        return {b: vn for vn, ids in self.members.items() for b in ids}
+
+    def owner(self, broker_id: str) -> str | None:
+        """The VN ``broker_id`` belongs to, or None when it is no broker of the manifest."""
+        return self._owners.get(broker_id)
+
     def vn_of(self, broker_id: str) -> str:
-        for vn, ids in self.members.items():
-            if broker_id in ids:
-                return vn
-        raise TopologyError(f"broker {broker_id!r} is in no VN of the manifest", "unknown")
+        vn = self.owner(broker_id)
+        if vn is None:
+            raise TopologyError(f"broker {broker_id!r} is in no VN of the manifest", "unknown")
+        return vn
 
     def replica_index(self, broker_id: str) -> int:
         return self.members[self.vn_of(broker_id)].index(broker_id)
 
     def vn_path(self, source_vn: str, target_vn: str) -> list[str]:
-        """The VNs a publication from ``source_vn`` crosses to reach ``target_vn``."""
+        """The VNs a publication from ``source_vn`` crosses to reach ``target_vn`` in the
+        tree the overlay started as (live reconfiguration may have moved it since: key
+        shares are verified along the path their certificates name, see
+        ``broker.confidential.claimed_path``)."""
         return self.tree.path(source_vn, target_vn)
 
     def to_dict(self) -> dict[str, Any]:

@@ -260,3 +260,66 @@ async def test_cli_follows_rounds_and_shows_the_moved_tree(tmp_path) -> None:
     finally:
         down = await asyncio.to_thread(trellis, "down", "--dir", str(workdir))
     assert down.returncode == 0, down.stderr
+
+
+async def test_confidential_publications_decrypt_across_moves(
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    """Key shares are verified along the path their certificates name, so moves that change
+    a publication's path do not break decryption, even with a corrupting replica on it."""
+    overlay = run_overlay(
+        line_tree(["b0", "b1", "b2", "b3"]),
+        replicas={"b0": 3, "b1": 3, "b2": 3},
+        overrides={"b0.2": {"byzantine": "corrupt"}},
+        heartbeat_interval=1.0,
+        reconfig=RECONFIG,
+    )
+    async with (
+        Client(overlay.endpoints("b0"), client_id="pub", key_refresh=5) as pub,
+        Client(overlay.endpoints("b2"), client_id="sub", manifest=overlay.manifest) as sc,
+        sc.subscribe("class = 'secret'") as sub,
+    ):
+        await pub.advertise("class = 'secret'")
+        await asyncio.to_thread(overlay.wait_quiet)
+        got: list[tuple[int, bytes]] = []
+
+        async def read() -> None:
+            async for msg in sub:
+                assert msg.confidential
+                got.append((msg.seq, msg.payload))
+
+        reader = asyncio.create_task(read())
+        sent = 0
+        started = time.monotonic()
+        while time.monotonic() - started < 12:
+            sent += 1
+            await pub.publish(
+                {"class": "secret", "i": sent}, f"order {sent}".encode(), confidential=True
+            )
+            settled = sent % 50 == 0 and time.monotonic() - started > 3
+            if settled and await asyncio.to_thread(applied_rounds, overlay):
+                break
+        await pub.drain()
+        deadline = time.monotonic() + 15
+        while len(got) < sent and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        reader.cancel()
+    assert await asyncio.to_thread(applied_rounds, overlay) >= 1
+    assert ("b0", "b2") in (await asyncio.to_thread(overlay.live_tree)).links
+    assert got == [(i, f"order {i}".encode()) for i in range(1, sent + 1)]
+    blamed = {
+        culprit
+        for b in overlay.brokers
+        for culprit in metric_labels(overlay.metrics(b), "trellis_share_blame_total", "culprit")
+    }
+    assert blamed <= {"b0.2"}
+
+
+def metric_labels(metrics: str, name: str, label: str) -> set[str]:
+    """Values of ``label`` among the samples of ``name`` with a positive count."""
+    found = set()
+    for line in metrics.splitlines():
+        if line.startswith(name + "{") and float(line.rsplit(" ", 1)[1]) > 0:
+            found.add(line.split(f'{label}="', 1)[1].split('"', 1)[0])
+    return found
