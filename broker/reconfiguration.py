@@ -450,6 +450,8 @@ class ReconfigAgent:
         round_id = str(data.get("round", ""))
         me = self.broker.config.id
         if op == "lock":
+            if not self.settings.enabled:
+                return {"ok": False, "error": f"{me} has reconfiguration disabled"}
             self.expire_lease()
             if self.lease is not None and self.lease.round != round_id:
                 return {"ok": False, "error": f"{me} is locked by master {self.lease.master}"}

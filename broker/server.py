@@ -671,9 +671,11 @@ class Broker:
         broker link is congested)."""
         self.frozen = False
         paused, self.paused = self.paused, []
+        now = time.monotonic()
         for conn in paused:
             if conn.transport is None or conn.closing:
                 continue
+            conn.last_seen = now
             if not conn.is_broker and self.congested_links:
                 continue
             conn.transport.resume_reading()
@@ -850,7 +852,10 @@ class Broker:
         while True:
             await asyncio.sleep(interval)
             now = time.monotonic()
+            paused = set(self.paused)
             for conn in list(self.connections):
+                if conn in paused:
+                    continue  # not read during a reconfiguration freeze: its silence is ours
                 silent = now - conn.last_seen
                 if conn.peer_id is None:
                     if now - conn.opened > self.config.hello_timeout:

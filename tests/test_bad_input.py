@@ -226,7 +226,11 @@ async def test_control_connection_from_an_unknown_broker_is_refused(
 
 
 async def test_bad_reconfiguration_requests_get_precise_answers(run_broker) -> None:
-    broker = run_broker("b1", peers=[{"id": "b9", "endpoint": "127.0.0.1:9", "vn": "b9"}])
+    broker = run_broker(
+        "b1",
+        peers=[{"id": "b9", "endpoint": "127.0.0.1:9", "vn": "b9"}],
+        reconfig={"enabled": True, "interval": 1000},
+    )
     witness = Witness(broker.endpoint)
     await witness.start()
     try:

@@ -323,3 +323,49 @@ def metric_labels(metrics: str, name: str, label: str) -> set[str]:
         if line.startswith(name + "{") and float(line.rsplit(" ", 1)[1]) > 0:
             found.add(line.split(f'{label}="', 1)[1].split('"', 1)[0])
     return found
+
+
+async def test_a_master_that_vanishes_mid_round_leaves_nothing_frozen(
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    """A member frozen by a coordinator that then disappears unfreezes when the lease ends,
+    and what its clients published meanwhile is delivered, in order."""
+    from broker.protocol import PROTOCOL_VERSION, MsgType
+    from tests.wire import RawPeer
+
+    overlay = run_overlay(
+        line_tree(["b0", "b1"]),
+        heartbeat_interval=1.0,
+        reconfig={"enabled": True, "interval": 1000, "lock_lease": 1.5, "step_timeout": 0.5},
+    )
+    async with (
+        Client(overlay.endpoints("b1"), client_id="pub") as pub,
+        Client(overlay.endpoints("b0"), client_id="sub") as sc,
+        sc.subscribe("class = 'x'") as sub,
+    ):
+        await pub.advertise("class = 'x'")
+        await asyncio.to_thread(overlay.wait_quiet)
+        master = await RawPeer.connect(overlay.endpoint("b1"))
+        await master.send(MsgType.HELLO, PROTOCOL_VERSION, "broker", "b0", {"control": True})
+        await master.receive()
+        steps = [
+            ("lock", {"master": "b0", "lease": 1.5}),
+            ("prepare", {"master": "b0", "hood": ["b0", "b1"], "links": [["b0", "b1"]]}),
+            ("connect", {}),
+            ("freeze", {}),
+        ]
+        replies = []
+        for op, data in steps:
+            await master.send(MsgType.RECONF, op, {"round": "gone#1", **data})
+            replies.append((await master.receive()).data)
+        assert [r["ok"] for r in replies] == [True, True, True, False]
+        assert "drain markers missing" in replies[-1]["error"]
+        await master.close()  # the master is gone: b1 stays frozen until its lease ends
+        state = await asyncio.to_thread(fetch_json, overlay.brokers["b1"].admin_url + "/reconfig")
+        assert state["locked_by"] == "b0"
+        for i in range(50):
+            await pub.publish({"class": "x", "i": i}, b"held back", ack=False)
+        got = [(await sub.get(10)).seq for _ in range(50)]
+        assert got == list(range(1, 51))
+    state = await asyncio.to_thread(fetch_json, overlay.brokers["b1"].admin_url + "/reconfig")
+    assert state["locked_by"] is None
