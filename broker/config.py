@@ -108,6 +108,11 @@ class BrokerConfig(BaseModel):
         (),
         description="other overlay brokers this one may link to when reconfiguration moves it",
     )
+    links_file: Path | None = Field(
+        None,
+        description="where the broker keeps its current neighbours, so that a restart after "
+        "live reconfiguration rejoins the tree as it is (read at start when present)",
+    )
     reconfig: ReconfigConfig = Field(
         default_factory=ReconfigConfig, description="live OCBR reconfiguration"
     )

@@ -166,6 +166,7 @@ class LocalOverlay:
             **extra,
             "manifest": str(self.manifest_path),
             "key_file": str(self.workdir / f"{broker_id}.key"),
+            "links_file": str(self.workdir / f"{broker_id}.links.json"),
             "vn": vn,
             "replica": mine.index(broker_id),
             "vn_size": len(mine),
@@ -318,6 +319,8 @@ def start_overlay(
     names = overlay.broker_ids
     overlay.ports = dict(zip(names, free_ports(len(names)), strict=True))
     overlay.write_keys()
+    for name in names:  # a new overlay starts as its tree says, not as an earlier one ended
+        (workdir / f"{name}.links.json").unlink(missing_ok=True)
     try:
         for name in names:
             overlay.start(name)

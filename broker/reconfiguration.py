@@ -183,6 +183,7 @@ class ReconfigAgent:
         self._marker_event: asyncio.Event | None = None
         self._seq = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self._links_changed = False
         self.window_started = time.monotonic()
 
     # -- master turns ---------------------------------------------------------------------
@@ -203,10 +204,20 @@ class ReconfigAgent:
             while time.monotonic() < deadline:
                 await asyncio.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
                 self.expire_lease()
+                await self.persist_links()
             try:
                 await self.master_turn()
             except (OSError, TrellisError, TimeoutError) as exc:
                 log.warning("reconfiguration round failed: %s", exc)
+
+    async def persist_links(self) -> None:
+        """Save the neighbours after a round changed them (off the event loop)."""
+        if self._links_changed:
+            self._links_changed = False
+            try:
+                await asyncio.to_thread(self.broker.save_links)
+            except OSError as exc:
+                log.error("cannot save the current links: %s", exc)
 
     def expire_lease(self) -> None:
         """Drop a lease whose master went silent, undoing a round it left half-done."""
@@ -481,6 +492,7 @@ class ReconfigAgent:
             return self.install(pending, data)
         if op == "resume":
             self.resume(pending)
+            await self.persist_links()
             return {"ok": True}
         return {"ok": False, "error": f"unknown step {op!r}"}
 
@@ -591,6 +603,7 @@ class ReconfigAgent:
         b.flush()
         if pending.added or pending.removed:
             self.start_window()
+            self._links_changed = True
         self.pending = None
         self.lease = None
         self._markers.pop(pending.round, None)

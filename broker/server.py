@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import random
@@ -442,14 +443,16 @@ class Broker:
         self.connections: set[Connection] = set()
         self.clients: dict[str, Connection] = {}
         self.links: dict[str, Connection] = {}
-        # Current neighbours; reconfiguration changes them, within the directory of peers.
-        self.neighbours: dict[str, NeighbourConfig] = {n.id: n for n in config.neighbours}
         self.directory: dict[str, NeighbourConfig] = {
             **{n.id: n for n in config.peers},
-            **self.neighbours,
+            **{n.id: n for n in config.neighbours},
+        }
+        # Current neighbours; reconfiguration changes them, within the directory of peers.
+        self.neighbours: dict[str, NeighbourConfig] = {
+            peer: self.directory[peer] for peer in self.saved_links()
         }
         self.vnhops: dict[str, VNHop] = {}
-        for n in config.neighbours:
+        for n in self.neighbours.values():
             self.vnhop_for(n)
         # VNs linked for a reconfiguration in progress, not yet part of routing.
         self.standby_vns: set[str] = set()
@@ -468,6 +471,36 @@ class Broker:
         from broker.reconfiguration import ReconfigAgent
 
         self.reconfig = ReconfigAgent(self)
+
+    def saved_links(self) -> list[str]:
+        """The neighbours to start with: those in ``links_file`` when it exists (the tree
+        as the last reconfiguration left it), else the configured ones."""
+        path = self.config.links_file
+        configured = [n.id for n in self.config.neighbours]
+        if path is None or not path.exists():
+            return configured
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))["neighbours"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring links file %s: %s", path, exc)
+            return configured
+        if not isinstance(saved, list) or not all(isinstance(p, str) for p in saved):
+            log.warning("ignoring links file %s: 'neighbours' is not a list of ids", path)
+            return configured
+        unknown = [p for p in saved if p not in self.directory]
+        if unknown:
+            log.warning("ignoring links file %s: unknown brokers %s", path, unknown)
+            return configured
+        return saved
+
+    def save_links(self) -> None:
+        """Record the current neighbours in ``links_file`` (atomically)."""
+        path = self.config.links_file
+        if path is None:
+            return
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({"neighbours": sorted(self.neighbours)}) + "\n", encoding="utf-8")
+        tmp.replace(path)
 
     def vnhop_for(self, neighbour: NeighbourConfig) -> VNHop:
         """The router hop of ``neighbour``'s VN (made on first use)."""
@@ -937,7 +970,7 @@ class Server:
                 tg.create_task(self.broker.heartbeat()),
                 tg.create_task(self.broker.reconfig.run()),
             ]
-            for neighbour in self.config.neighbours:
+            for neighbour in list(self.broker.neighbours.values()):
                 self.broker.start_dialer(neighbour)
             await self._stop.wait()
             log.info("broker %s shutting down", self.config.id)

@@ -369,3 +369,43 @@ async def test_a_master_that_vanishes_mid_round_leaves_nothing_frozen(
         assert got == list(range(1, 51))
     state = await asyncio.to_thread(fetch_json, overlay.brokers["b1"].admin_url + "/reconfig")
     assert state["locked_by"] is None
+
+
+async def test_a_restarted_broker_rejoins_the_tree_as_reconfiguration_left_it(
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    overlay = run_overlay(
+        line_tree(["b0", "b1", "b2", "b3"]), heartbeat_interval=1.0, reconfig=RECONFIG
+    )
+    async with (
+        Client(overlay.endpoints("b0"), client_id="pub") as pub,
+        Client(overlay.endpoints("b2"), client_id="sub") as sc,
+        sc.subscribe("class = 'x'") as sub,
+    ):
+        await pub.advertise("class = 'x'")
+        await asyncio.to_thread(overlay.wait_quiet)
+        sent = 0
+        while not await asyncio.to_thread(applied_rounds, overlay):
+            for _ in range(20):
+                sent += 1
+                await pub.publish({"class": "x"}, b"p", ack=False)
+            await pub.drain()
+            await asyncio.sleep(0.05)
+            assert sent < 20_000, "no round applied a move"
+        moved = await asyncio.to_thread(overlay.live_tree)
+        assert ("b0", "b2") in moved.links
+        for _ in range(sent):
+            await sub.get(10)
+        # b0's config still names b1; its links file names b2.
+        overlay.brokers["b0"].kill()
+        await asyncio.to_thread(overlay.start, "b0")
+        deadline = time.monotonic() + 20
+        while await asyncio.to_thread(overlay.live_tree) != moved:
+            assert time.monotonic() < deadline, "b0 did not rejoin where it was"
+            await asyncio.sleep(0.1)
+        await pub.connected()
+        await asyncio.to_thread(overlay.wait_quiet)
+        for i in range(20):
+            await pub.publish({"class": "x", "i": i}, b"after restart")
+        got = [await sub.get(10) for _ in range(20)]
+        assert [m.payload for m in got] == [b"after restart"] * 20
