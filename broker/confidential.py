@@ -206,7 +206,11 @@ class KeyAssembly:
     sec: dict[str, Any] | None = None
     audited: bool = False
     _verifier: ChainVerifier | None = None
-    _vote: PathVote = field(default_factory=PathVote)
+    # The elected path's shares (an epoch's shares may come along two paths when
+    # reconfiguration moved a link mid-epoch; one complete set gives the key).
+    _elected: tuple[tuple[str, ...], Manifest, str] | None = None
+    _on_path: list[tuple[str, ShareRecord]] = field(default_factory=list)
+    _classified: int = 0
 
     def add(self, sender: str, record: ShareRecord) -> None:
         self.shares.append((sender, record))
@@ -214,13 +218,24 @@ class KeyAssembly:
     def elect_path(self, manifest: Manifest, holder_vn: str) -> PathView | None:
         """The path of this epoch's shares, once the edge VN's majority agrees on it."""
         if self.path is None and self.sec is not None:
-            self._vote = PathVote()
+            vote = PathVote()
             for sender, record in self.shares:
-                path = self._vote.offer(manifest, self.sec, record, sender, holder_vn)
+                path = vote.offer(manifest, self.sec, record, sender, holder_vn)
                 if path is not None:
                     self.path = path_view(manifest, self.publisher, self.sec, path)
+                    self._elected = (path, manifest, holder_vn)
                     break
         return self.path
+
+    def _path_shares(self) -> list[tuple[str, ShareRecord]]:
+        """The shares that claim the elected path."""
+        if self._elected is not None and self.sec is not None:
+            path, manifest, holder = self._elected
+            for sender, record in self.shares[self._classified :]:
+                if claimed_path(manifest, self.sec, record, holder) == path:
+                    self._on_path.append((sender, record))
+            self._classified = len(self.shares)
+        return self._on_path
 
     def try_key(self, path: PathView) -> bytes | None:
         """Reconstruct once enough shares are in; None until then.
@@ -228,17 +243,18 @@ class KeyAssembly:
         Once every expected share has arrived, reconstruct one last time with the wait
         over, so that every bad share is attributed even if the key came earlier.
         """
+        shares = self._path_shares()
         total = math.prod(len(members) for members in path.vns)
-        if self.key is not None and (self.audited or len(self.shares) < total):
+        if self.key is not None and (self.audited or len(shares) < total):
             return self.key
         needed = math.prod(threshold_for(len(members)) for members in path.vns)
-        if len(self.shares) < needed:
+        if len(shares) < needed:
             return None
-        complete = len(self.shares) >= total
+        complete = len(shares) >= total
         self._verifier = self._verifier or ChainVerifier(path)
         try:
             result = reconstruct(
-                self.shares,
+                shares,
                 path,
                 publication_id(self.publisher, self.seq),
                 verifier=self._verifier,

@@ -23,7 +23,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker.confidential import PathVote, path_view, publication_id, signature_valid
+from broker.confidential import (
+    PathVote,
+    claimed_path,
+    path_view,
+    publication_id,
+    signature_valid,
+)
 from broker.protocol import Publish, Share
 from overlay.manifest import Manifest
 from security.envelope import Signer, private_key_from_bytes
@@ -61,9 +67,14 @@ class SecureForwarding:
         self.held: OrderedDict[tuple[str, int], list[ShareRecord]] = OrderedDict()
         # (publisher, epoch) -> hops that have been sent this replica's shares
         self.served: OrderedDict[tuple[str, int], list[Any]] = OrderedDict()
-        # (publisher, epoch) -> the verifier of incoming shares, once the content is known
-        self.inboxes: OrderedDict[tuple[str, int], ShareInbox] = OrderedDict()
-        # shares that arrived before any content of their epoch: (record, sender)
+        # (publisher, epoch) -> path -> the verifier of incoming shares along that path. An
+        # epoch's shares may reach a replica along two paths when reconfiguration moves a
+        # link mid-epoch; the key is the same, each set is verified on its own path.
+        self.inboxes: OrderedDict[tuple[str, int], dict[tuple[str, ...], ShareInbox]] = (
+            OrderedDict()
+        )
+        # shares not verified yet (content not routed here, or their path not agreed): (record,
+        # sender)
         self.unverified: OrderedDict[tuple[str, int], list[Any]] = OrderedDict()
         # The security block of each epoch whose content was routed here.
         self.secs: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
@@ -116,11 +127,11 @@ class SecureForwarding:
         if self.mode == "drop" or not self.enabled:
             return
         key = (publisher, epoch)
-        if key not in self.inboxes and key not in self.secs:
+        if key not in self.secs:
             self.secs[key] = sec
             if len(self.secs) > _EPOCH_MEMORY:
                 self.secs.popitem(last=False)
-            self._open_inbox(key)
+            self._open_inboxes(key)
         served = self._remember(self.served, key)
         held = self.held.get(key, ())
         for hop in targets:
@@ -151,56 +162,74 @@ class SecureForwarding:
             self._record_collusion(raw)
         key = (publisher, epoch)
         sender = publisher if source is None else source.peer_id
-        if key in self.inboxes:
-            self._accept(key, record, sender)
-        else:
+        sec = self.secs.get(key)
+        path = None if sec is None else self._claim(key, sec, record, sender)
+        inbox = self.inboxes.get(key, {}).get(path) if path is not None else None
+        if inbox is not None:
+            self._accept(key, inbox, record, sender)
+        elif sec is None or path is not None:
             self._remember(self.unverified, key).append((record, sender))
-            self._open_inbox(key)
+            self._open_inboxes(key)
 
-    def _open_inbox(self, key: tuple[str, int]) -> None:
-        """Start verifying an epoch's shares once its content was routed here and a majority
-        of the sending VN agrees on the path the shares travelled (:class:`PathVote`)."""
+    def _claim(
+        self, key: tuple[str, int], sec: dict[str, Any], record: ShareRecord, sender: str
+    ) -> tuple[str, ...] | None:
+        """The path ``record`` claims; None, and its sender blamed, when it cannot be one."""
+        assert self.manifest is not None
+        path = claimed_path(self.manifest, sec, record, self.broker.vn)
+        if path is None:
+            self._blame(key, sender, "claims no possible path")
+        return path
+
+    def _open_inboxes(self, key: tuple[str, int]) -> None:
+        """Verify an epoch's shares along each path a majority of the sending VN vouches for
+        (:class:`PathVote`), once the epoch's content was routed here."""
         assert self.manifest is not None
         sec = self.secs.get(key)
-        if sec is None:
+        pending = self.unverified.get(key)
+        if sec is None or not pending:
             return
+        opened = self.inboxes.get(key)
+        if opened is None:
+            opened = self.inboxes[key] = {}
+            if len(self.inboxes) > _EPOCH_MEMORY:
+                self.inboxes.popitem(last=False)
         vote = PathVote()
-        chosen = None
-        for record, sender in self.unverified.get(key, ()):
+        for record, sender in pending:
             chosen = vote.offer(self.manifest, sec, record, sender, self.broker.vn)
-            if chosen is not None:
-                break
-        if chosen is None:
-            return
-        try:
-            path = path_view(self.manifest, key[0], sec, chosen)
-            inbox = ShareInbox(path, publication_id(*key), path.depth, self.broker.config.replica)
-        except (PropagationError, KeyError) as exc:
-            log.warning("cannot verify shares of %s/%d: %s", key[0], key[1], exc)
-            return
-        self.inboxes[key] = inbox
-        if len(self.inboxes) > _EPOCH_MEMORY:
-            self.inboxes.popitem(last=False)
-        for record, sender in self.unverified.pop(key, ()):
-            self._accept(key, record, sender)
+            if chosen is None or chosen in opened:
+                continue
+            try:
+                view = path_view(self.manifest, key[0], sec, chosen)
+                opened[chosen] = ShareInbox(
+                    view, publication_id(*key), view.depth, self.broker.config.replica
+                )
+            except (PropagationError, KeyError) as exc:
+                log.warning("cannot verify shares of %s/%d: %s", key[0], key[1], exc)
+        waiting = []
+        for record, sender in self.unverified.pop(key):
+            path = self._claim(key, sec, record, sender)
+            if path in opened:
+                self._accept(key, opened[path], record, sender)
+            elif path is not None:
+                waiting.append((record, sender))
+        if waiting:
+            self.unverified[key] = waiting
 
-    def _accept(self, key: tuple[str, int], record: ShareRecord, sender: str) -> None:
+    def _blame(self, key: tuple[str, int], broker: str, detail: str) -> None:
+        stats = self.broker.stats
+        stats.bad_shares += 1
+        stats.blamed[broker] = stats.blamed.get(broker, 0) + 1
+        log.warning("share of %s/%d rejected: %s: %s", key[0], key[1], broker, detail)
+
+    def _accept(
+        self, key: tuple[str, int], inbox: ShareInbox, record: ShareRecord, sender: str
+    ) -> None:
         """Hold a verified share and pass it on; blame the sender of a bad one."""
-        inbox = self.inboxes[key]
         before = len(inbox.blames)
         if not inbox.offer(record, sender):
-            stats = self.broker.stats
             for blame in inbox.blames[before:]:
-                stats.bad_shares += 1
-                stats.blamed[blame.broker] = stats.blamed.get(blame.broker, 0) + 1
-                log.warning(
-                    "share of %s/%d rejected: %s by %s: %s",
-                    key[0],
-                    key[1],
-                    blame.fault,
-                    blame.broker,
-                    blame.detail,
-                )
+                self._blame(key, blame.broker, f"{blame.fault}: {blame.detail}")
             return
         self._remember(self.held, key).append(record)
         for hop in self.served.get(key, ()):

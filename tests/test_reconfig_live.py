@@ -262,11 +262,14 @@ async def test_cli_follows_rounds_and_shows_the_moved_tree(tmp_path) -> None:
     assert down.returncode == 0, down.stderr
 
 
+@pytest.mark.parametrize("key_refresh", [5, 1000], ids=["epochs-of-5", "one-long-epoch"])
 async def test_confidential_publications_decrypt_across_moves(
-    run_overlay: Callable[..., LocalOverlay],
+    run_overlay: Callable[..., LocalOverlay], key_refresh: int
 ) -> None:
     """Key shares are verified along the path their certificates name, so moves that change
-    a publication's path do not break decryption, even with a corrupting replica on it."""
+    a publication's path do not break decryption, even with a corrupting replica on it. An
+    epoch that spans a move reaches b2 along both paths; neither set gets an honest replica
+    blamed."""
     overlay = run_overlay(
         line_tree(["b0", "b1", "b2", "b3"]),
         replicas={"b0": 3, "b1": 3, "b2": 3},
@@ -275,7 +278,7 @@ async def test_confidential_publications_decrypt_across_moves(
         reconfig=RECONFIG,
     )
     async with (
-        Client(overlay.endpoints("b0"), client_id="pub", key_refresh=5) as pub,
+        Client(overlay.endpoints("b0"), client_id="pub", key_refresh=key_refresh) as pub,
         Client(overlay.endpoints("b2"), client_id="sub", manifest=overlay.manifest) as sc,
         sc.subscribe("class = 'secret'") as sub,
     ):
