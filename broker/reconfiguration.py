@@ -288,7 +288,10 @@ class ReconfigAgent:
             self.stats.refused += 1
             return f"refused: {refusals[0]}"
         view = self.local_view()
-        plan = plan_view(view, self.model, rng=self.rng, params=self.params)
+        # The search is CPU work on immutable data: off the loop, so traffic keeps flowing.
+        plan = await asyncio.to_thread(
+            plan_view, view, self.model, rng=self.rng, params=self.params
+        )
         self.start_window()
         if plan is None:
             await self._all(channels, "unlock", {"round": round_id})
@@ -307,7 +310,7 @@ class ReconfigAgent:
         if not await self._step(channels, "freeze", {"round": round_id}):
             await self._abort_all(channels, round_id)
             return "aborted: the neighbourhood did not drain"
-        tables = self.tables(new_links)
+        tables = await self.tables(new_links)
         installs = [self.handle("install", {"round": round_id, **tables[b.vn]})]
         installs += [
             self._call(c, "install", {"round": round_id, **tables[b.directory[c.peer].vn_id]})
@@ -408,12 +411,15 @@ class ReconfigAgent:
             classes=MappingProxyType(classes),
         )
 
-    def tables(self, new_links: list[tuple[str, str]]) -> dict[str, dict[str, Any]]:
+    async def tables(self, new_links: list[tuple[str, str]]) -> dict[str, dict[str, Any]]:
         """Per VN of the neighbourhood: what it holds from, and sends to, each neighbour
-        on the new tree, in wire form."""
+        on the new tree, in wire form (computed off the loop from a snapshot of the
+        router, which the freeze keeps still anyway)."""
         b = self.broker
         adverts, subs = b.router.owned_entries(b.vn)
-        carried = hood_routing(adverts, subs, new_links, covering=b.config.covering)
+        carried = await asyncio.to_thread(
+            hood_routing, adverts, subs, new_links, covering=b.config.covering
+        )
         tables: dict[str, dict[str, Any]] = {}
         for (x, y), (advs, sbs) in carried.items():
             wire_advs = {k: f.to_wire() for k, f in advs.items()}
