@@ -818,10 +818,8 @@ class Client:
         assembly = self._assembly(msg.publisher, msg.seq)
         assembly.add(link.broker_id, record)
         if self.manifest is not None and self.vn is not None:
-            assembly.elect_path(self.manifest, self.vn)
-        if assembly.path is not None:
             had_key = assembly.key is not None
-            assembly.try_key(assembly.path)
+            assembly.recover(self.manifest, self.vn)
             if assembly.key is not None and not had_key:
                 for sub in list(self._subscriptions.values()):
                     sub._flush(msg.publisher)
@@ -839,9 +837,7 @@ class Client:
         assembly = self._assembly(delivery.publisher, delivery.sec["epoch"])
         if assembly.sec is None:
             assembly.sec = delivery.sec
-        if assembly.elect_path(self.manifest, self.vn) is None:
-            return None
-        assembly.try_key(assembly.path)
+        assembly.recover(self.manifest, self.vn)
         return assembly.open(delivery.seq, delivery.attrs, delivery.payload)
 
     def share_culprits(self) -> set[str]:

@@ -194,76 +194,88 @@ class PathVote:
 
 
 @dataclass
+class PathShares:
+    """The shares of one key epoch that claim one path, and their reconstruction state."""
+
+    view: PathView
+    shares: list[tuple[str, ShareRecord]] = field(default_factory=list)
+    verifier: ChainVerifier | None = None
+    audited: bool = False
+
+
+@dataclass
 class KeyAssembly:
-    """A subscriber's shares of one key epoch, until the key is recovered."""
+    """A subscriber's shares of one key epoch, until the key is recovered.
+
+    An epoch's shares normally travel one path; when reconfiguration moves a link while an
+    epoch is under way, some replicas of the publisher's edge VN may split along the old
+    path and some along the new one, and neither set alone need be complete. The key is
+    the same, so every path the edge VN's majority vouches for is tried.
+    """
 
     publisher: str
     seq: int  # the epoch's first publication
     shares: list[tuple[str, ShareRecord]] = field(default_factory=list)
     key: bytes | None = None
     culprits: frozenset[str] = frozenset()
-    path: PathView | None = None
     sec: dict[str, Any] | None = None
-    audited: bool = False
-    _verifier: ChainVerifier | None = None
-    # The elected path's shares (an epoch's shares may come along two paths when
-    # reconfiguration moved a link mid-epoch; one complete set gives the key).
-    _elected: tuple[tuple[str, ...], Manifest, str] | None = None
-    _on_path: list[tuple[str, ShareRecord]] = field(default_factory=list)
+    paths: dict[tuple[str, ...], PathShares] = field(default_factory=dict)
+    _vote: PathVote = field(default_factory=PathVote)
+    _claims: dict[tuple[str, ...], list[tuple[str, ShareRecord]]] = field(default_factory=dict)
     _classified: int = 0
 
     def add(self, sender: str, record: ShareRecord) -> None:
         self.shares.append((sender, record))
 
-    def elect_path(self, manifest: Manifest, holder_vn: str) -> PathView | None:
-        """The path of this epoch's shares, once the edge VN's majority agrees on it."""
-        if self.path is None and self.sec is not None:
-            vote = PathVote()
-            for sender, record in self.shares:
-                path = vote.offer(manifest, self.sec, record, sender, holder_vn)
-                if path is not None:
-                    self.path = path_view(manifest, self.publisher, self.sec, path)
-                    self._elected = (path, manifest, holder_vn)
-                    break
-        return self.path
+    def recover(self, manifest: Manifest, holder_vn: str) -> bytes | None:
+        """Sort new shares by the path they claim, then try every path a majority of the
+        edge VN vouches for; the key once one of them reconstructs it."""
+        if self.sec is None:
+            return self.key
+        for sender, record in self.shares[self._classified :]:
+            claim = claimed_path(manifest, self.sec, record, holder_vn)
+            if claim is None:
+                continue
+            self._claims.setdefault(claim, []).append((sender, record))
+            if claim not in self.paths and self._vote.offer(
+                manifest, self.sec, record, sender, holder_vn
+            ):
+                view = path_view(manifest, self.publisher, self.sec, claim)
+                self.paths[claim] = PathShares(view, self._claims[claim])
+        self._classified = len(self.shares)
+        for path in self.paths.values():
+            self._try(path)
+        return self.key
 
-    def _path_shares(self) -> list[tuple[str, ShareRecord]]:
-        """The shares that claim the elected path."""
-        if self._elected is not None and self.sec is not None:
-            path, manifest, holder = self._elected
-            for sender, record in self.shares[self._classified :]:
-                if claimed_path(manifest, self.sec, record, holder) == path:
-                    self._on_path.append((sender, record))
-            self._classified = len(self.shares)
-        return self._on_path
-
-    def try_key(self, path: PathView) -> bytes | None:
-        """Reconstruct once enough shares are in; None until then.
+    def _try(self, path: PathShares) -> None:
+        """Reconstruct along one path once enough of its shares are in.
 
         Once every expected share has arrived, reconstruct one last time with the wait
         over, so that every bad share is attributed even if the key came earlier.
         """
-        shares = self._path_shares()
-        total = math.prod(len(members) for members in path.vns)
-        if self.key is not None and (self.audited or len(shares) < total):
-            return self.key
-        needed = math.prod(threshold_for(len(members)) for members in path.vns)
+        shares = path.shares
+        view = path.view
+        total = math.prod(len(members) for members in view.vns)
+        if path.audited or (self.key is not None and len(shares) < total):
+            return
+        needed = math.prod(threshold_for(len(members)) for members in view.vns)
         if len(shares) < needed:
-            return None
+            return
         complete = len(shares) >= total
-        self._verifier = self._verifier or ChainVerifier(path)
+        path.verifier = path.verifier or ChainVerifier(view)
         try:
             result = reconstruct(
                 shares,
-                path,
+                view,
                 publication_id(self.publisher, self.seq),
-                verifier=self._verifier,
+                verifier=path.verifier,
                 complete=complete,
             )
         except PropagationError as exc:
-            log.warning("reconstruction of %s/%d failed: %s", self.publisher, self.seq, exc)
-            return self.key
-        self.audited = complete
+            if complete:
+                log.warning("reconstruction of %s/%d failed: %s", self.publisher, self.seq, exc)
+            return
+        path.audited = complete
         if result.culprits - self.culprits:
             self.culprits = self.culprits | result.culprits
             log.warning(
@@ -274,7 +286,6 @@ class KeyAssembly:
             )
         if self.key is None:
             self.key = result.key
-        return self.key
 
     def open(self, seq: int, attrs: dict[str, Any], sealed: bytes) -> bytes | None:
         """The plaintext of publication ``seq``, once the key is known and the tag checks."""

@@ -98,8 +98,6 @@ class Connection(asyncio.Protocol):
         self.vnhop: VNHop | None = None
         # A control connection carries live-reconfiguration requests, not routing.
         self.control = False
-        # A link the last reconfiguration removed: it closes without withdrawing anything.
-        self.retired = False
         self.peer = "?"
         self.out: list[bytes] = []
         self.congested = False
@@ -458,6 +456,7 @@ class Broker:
         self.standby_vns: set[str] = set()
         self.dialers: dict[str, asyncio.Task[None]] = {}
         self.frozen = False
+        self.frozen_hood: set[str] = set()
         self.paused: list[Connection] = []
         # Traffic classes seen since the last window: (source hop, *target hops) -> count.
         self.traffic: defaultdict[tuple[Any, ...], int] = defaultdict(int)
@@ -545,9 +544,8 @@ class Broker:
             self.connection_closed(old)
         conn.peer_id = client_id
         self.clients[client_id] = conn
-        if self.frozen and conn.transport is not None:
-            conn.transport.pause_reading()
-            self.paused.append(conn)
+        if self.frozen:
+            self.hold_back(conn)
         log.debug("client %s connected from %s", client_id, conn.peer)
 
     def accept_link(self, conn: Connection, peer_id: str) -> None:
@@ -595,6 +593,8 @@ class Broker:
         for broker_id, (version, vn, neighbours) in self.linkstate.items():
             conn.send(LinkState(broker_id, vn, version, sorted(neighbours)))
         self.announce_links()
+        if self.frozen:
+            self.hold_back(conn)
         hop = self.vnhop_for(self.neighbours[conn.peer_id])
         conn.vnhop = hop
         first = not hop.members
@@ -691,11 +691,17 @@ class Broker:
         """Stop reading from local clients and from links outside ``hood`` (TCP holds the
         rest), so that the neighbourhood's own links can be drained."""
         self.frozen = True
+        self.frozen_hood = hood
         for conn in list(self.connections):
             if conn.transport is None or conn.closing or conn.control or conn.peer_id is None:
                 continue
-            if conn.is_broker and self.linked_vn(conn.peer_id) in hood:
-                continue
+            self.hold_back(conn)
+
+    def hold_back(self, conn: Connection) -> None:
+        """While frozen, pause a client or a link that leaves the neighbourhood."""
+        if conn.is_broker and self.linked_vn(conn.peer_id or "") in self.frozen_hood:
+            return
+        if conn.transport is not None:
             conn.transport.pause_reading()
             self.paused.append(conn)
 
@@ -723,7 +729,6 @@ class Broker:
             del self.neighbours[peer_id]
             conn = self.links.get(peer_id)
             if conn is not None:
-                conn.retired = True
                 if hop is not None and hop.members.get(peer_id) is conn:
                     del hop.members[peer_id]
                 conn.close()

@@ -55,3 +55,40 @@ def test_a_byzantine_minority_cannot_impose_a_path() -> None:
 
 def test_the_publisher_alone_vouches_at_its_edge() -> None:
     assert PathVote().offer(MANIFEST, SEC, share("pub"), "pub", "a") == ("a",)
+
+
+def test_an_epoch_split_across_a_move_is_recovered_from_the_complete_path() -> None:
+    """Replica a.0 split the epoch's key along the old path a-b-c before the move; a.1
+    split along the new path a-c after it, and a.0 re-sent its share there too. The old
+    path holds one of the k = 2 level-1 shares, never enough; the new path holds two."""
+    from broker.confidential import KeyAssembly, publication_id
+    from security.envelope import Signer, generate_signing_key, public_key_to_bytes
+    from security.propagation import publisher_split, resplit, threshold_for
+
+    keys = {f"{vn}.{i}": generate_signing_key() for vn in "abc" for i in range(3)}
+    publisher = generate_signing_key()
+    signers = {b: Signer(b, k) for b, k in keys.items()}
+    manifest = Manifest(
+        line_tree("abc"),
+        {vn: tuple(f"{vn}.{i}" for i in range(3)) for vn in "abc"},
+        {b: public_key_to_bytes(k.public_key()) for b, k in keys.items()},
+    )
+    sec = {"vn": "a", "pk": public_key_to_bytes(publisher.public_key())}
+    secret = bytes(range(32))
+    pub_id = publication_id("pub", 1)
+    level1 = publisher_split(secret, threshold_for(3), 3, Signer("pub", publisher), pub_id)
+    k = threshold_for(3)
+    assembly = KeyAssembly("pub", 1, sec=sec)
+    # Old path a-b-c: only a.0's subtree arrives (a.1 and a.2 had not split yet).
+    for to_b in resplit(level1[0], k, 3, signers["a.0"]):
+        holder_b = f"b.{to_b.lineage[-1]}"
+        for to_c in resplit(to_b, k, 3, signers[holder_b]):
+            assembly.add(f"c.{to_c.lineage[-1]}", to_c)
+    assert assembly.recover(manifest, "c") is None
+    # New path a-c: a.0 re-sends its share to the new hop, a.1 splits there directly.
+    for i in (0, 1):
+        for to_c in resplit(level1[i], k, 3, signers[f"a.{i}"]):
+            assembly.add(f"c.{to_c.lineage[-1]}", to_c)
+    assert assembly.recover(manifest, "c") == secret
+    assert set(assembly.paths) == {("a", "b", "c"), ("a", "c")}
+    assert assembly.culprits == frozenset()

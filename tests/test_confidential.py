@@ -7,6 +7,7 @@ import asyncio
 import json
 import math
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -77,7 +78,14 @@ async def confidential_exchange(
             got.append((msg.seq, msg.payload))
         with pytest.raises(TrellisTimeout):
             await sub.get(0.5)
-        await asyncio.sleep(0.5)  # late shares still arrive after delivery
+        # Late shares still arrive after delivery (the final audit needs them all); a
+        # dropping replica's never come, so the wait is bounded.
+        total = math.prod(len(overlay.replicas_of(vn)) for vn in vns)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(  # noqa: ASYNC110 - polls the client
+            sub_client.key_shares("pub", seq) < total for seq, _ in got
+        ):
+            await asyncio.sleep(0.05)
     return got, sub_client
 
 
