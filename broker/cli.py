@@ -208,7 +208,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_topology(args: argparse.Namespace) -> int:
-    from broker.local import fetch_json, read_overlay
+    from broker.local import fetch_json, read_overlay, vn_links
 
     info = read_overlay(Path(args.dir))
     for broker in info["brokers"]:
@@ -227,12 +227,7 @@ def cmd_topology(args: argparse.Namespace) -> int:
             f"clients={h.get('clients', '-')} srt={h.get('srt', '-')} prt={h.get('prt', '-')}"
         )
     vn_of = {b: vn for vn, members in info["vns"].items() for b in members}
-    live = {
-        tuple(sorted((vn_of[broker["id"]], vn_of[peer])))
-        for broker in info["brokers"]
-        for peer in broker["health"].get("links", [])
-        if peer in vn_of and vn_of[peer] != vn_of[broker["id"]]
-    }
+    live = vn_links({b["id"]: b["health"] for b in info["brokers"]}, vn_of)
     print("links: " + " ".join(f"{a}-{b}" for a, b in sorted(live)))
     if live != {tuple(lk) for lk in info["links"]}:
         print("started as: " + " ".join(f"{a}-{b}" for a, b in info["links"]))

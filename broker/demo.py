@@ -22,7 +22,7 @@ from typing import Any
 
 from broker.client import Client, Subscription
 from broker.filters import parse_filter
-from broker.local import LocalOverlay, start_overlay
+from broker.local import LocalOverlay, metric_by_label, start_overlay
 from overlay.tree import broker_names, line_tree
 
 VNS = 4
@@ -54,11 +54,6 @@ async def _collect(sub: Subscription, expected: int, deadline: float) -> list[An
         except Exception:
             break
     return got
-
-
-def _metric_by_label(metrics: str, name: str, label: str) -> dict[str, int]:
-    pattern = rf'{name}\{{broker="[^"]+",{label}="([^"]+)"\}} (\S+)'
-    return {m.group(1): int(float(m.group(2))) for m in re.finditer(pattern, metrics)}
 
 
 async def _traffic(overlay: LocalOverlay, names: list[str], count: int, rng: random.Random) -> int:
@@ -133,8 +128,8 @@ async def _traffic(overlay: LocalOverlay, names: list[str], count: int, rng: ran
         print(f"  e.g. big-orders decrypted: {orders_seen[0].payload.decode()!r}")
     print("\nbroker   SRT  PRT  forwarded per VN link      shares in/split  blamed")
     for b in sorted(overlay.brokers):
-        forwarded = _metric_by_label(metrics[b], "trellis_publications_forwarded_total", "link")
-        blamed = _metric_by_label(metrics[b], "trellis_share_blame_total", "culprit")
+        forwarded = metric_by_label(metrics[b], "trellis_publications_forwarded_total", "link")
+        blamed = metric_by_label(metrics[b], "trellis_share_blame_total", "culprit")
         shares_in = re.search(r"trellis_shares_received_total\{[^}]*\} (\S+)", metrics[b])
         split = re.search(r"trellis_shares_split_total\{[^}]*\} (\S+)", metrics[b])
         role = f" ({BYZANTINE[b]})" if b in BYZANTINE else ""

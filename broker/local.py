@@ -10,10 +10,12 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import socket
 import time
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from typing import Any
 from broker.errors import TrellisError
 from broker.launcher import BrokerProcess, start_broker
 from overlay.manifest import Manifest
-from overlay.tree import TopologyError, Tree
+from overlay.tree import Link, TopologyError, Tree, link
 from security.envelope import generate_signing_key, private_key_to_bytes, public_key_to_bytes
 
 OVERLAY_FILE = "overlay.json"
@@ -78,6 +80,22 @@ def fetch_json(url: str, timeout: float = 2.0) -> Any:
     """GET a JSON document (admin endpoints are local, so a short timeout suffices)."""
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return json.loads(response.read())
+
+
+def metric_by_label(metrics: str, name: str, label: str) -> dict[str, int]:
+    """The samples of one labelled Prometheus metric, by the value of ``label``."""
+    pattern = rf'{name}\{{broker="[^"]+",{label}="([^"]+)"\}} (\S+)'
+    return {m.group(1): int(float(m.group(2))) for m in re.finditer(pattern, metrics)}
+
+
+def vn_links(health: Mapping[str, Mapping[str, Any]], vn_of: Mapping[str, str]) -> set[Link]:
+    """The links between VNs that brokers' ``/healthz`` reports (by broker id) show."""
+    return {
+        link(vn_of[broker], vn_of[peer])
+        for broker, state in health.items()
+        for peer in state.get("links", [])
+        if broker in vn_of and peer in vn_of and vn_of[peer] != vn_of[broker]
+    }
 
 
 def fetch_text(url: str, timeout: float = 2.0) -> str:
@@ -244,16 +262,10 @@ class LocalOverlay:
         this asks again until they form a tree or ``timeout`` passes.
         """
         deadline = time.monotonic() + timeout
+        vn_of = {b: self.vn_of(b) for b in self.broker_ids}
         while True:
-            links = set()
-            for broker_id, health in self.health().items():
-                vn = self.vn_of(broker_id)
-                for peer in health["links"]:
-                    other = self.vn_of(peer)
-                    if other != vn:
-                        links.add(tuple(sorted((vn, other))))
             try:
-                return Tree(self.tree.brokers, links)
+                return Tree(self.tree.brokers, vn_links(self.health(), vn_of))
             except TopologyError:
                 if time.monotonic() > deadline:
                     raise

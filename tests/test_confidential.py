@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +15,7 @@ import pytest
 import broker.confidential
 from broker.client import Client
 from broker.errors import TrellisTimeout
-from broker.local import LocalOverlay
+from broker.local import LocalOverlay, metric_by_label
 from overlay.tree import broker_names, line_tree
 from security.propagation import coalition_key, unpack_record
 
@@ -235,10 +234,8 @@ async def test_bad_shares_are_blamed_on_their_producer_in_metrics(run_vns) -> No
     # Equivocation shows only when both versions meet: at the subscriber.
     assert sub_client.share_culprits() == {"b1.0"}
 
-    def blamed(broker_id: str) -> dict[str, float]:
-        text = overlay.metrics(broker_id)
-        pattern = r'trellis_share_blame_total\{broker="[^"]+",culprit="([^"]+)"\} (\S+)'
-        return {m.group(1): float(m.group(2)) for m in re.finditer(pattern, text)}
+    def blamed(broker_id: str) -> dict[str, int]:
+        return metric_by_label(overlay.metrics(broker_id), "trellis_share_blame_total", "culprit")
 
     next_hop = [await asyncio.to_thread(blamed, b) for b in ("b1.1", "b1.2")]
     assert all(b.keys() == {"b0.2"} and b["b0.2"] >= 4 for b in next_hop)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from broker.client import Client
-from broker.local import LocalOverlay, fetch_json
+from broker.local import LocalOverlay, fetch_json, metric_by_label
 from overlay.tree import Tree, broker_names, line_tree
 from reconfig.cost import CostModel, routing_cost
 
@@ -314,18 +314,12 @@ async def test_confidential_publications_decrypt_across_moves(
     blamed = {
         culprit
         for b in overlay.brokers
-        for culprit in metric_labels(overlay.metrics(b), "trellis_share_blame_total", "culprit")
+        for culprit, count in metric_by_label(
+            overlay.metrics(b), "trellis_share_blame_total", "culprit"
+        ).items()
+        if count > 0
     }
     assert blamed <= {"b0.2"}
-
-
-def metric_labels(metrics: str, name: str, label: str) -> set[str]:
-    """Values of ``label`` among the samples of ``name`` with a positive count."""
-    found = set()
-    for line in metrics.splitlines():
-        if line.startswith(name + "{") and float(line.rsplit(" ", 1)[1]) > 0:
-            found.add(line.split(f'{label}="', 1)[1].split('"', 1)[0])
-    return found
 
 
 async def test_a_master_that_vanishes_mid_round_leaves_nothing_frozen(
