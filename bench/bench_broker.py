@@ -388,7 +388,7 @@ def start_system(system: str, workdir: Path) -> Broker:
         return start_mosquitto(workdir)
     if system == "amqtt":
         return start_amqtt(workdir)
-    from broker.launcher import start_broker
+    from broker.tools.launcher import start_broker
 
     return start_broker(workdir, "bench")
 
@@ -700,7 +700,7 @@ def write_results(path: Path, block: str) -> None:
 def trellis_importable() -> str | None:
     """None when the Trellis daemon and SDK import; otherwise the reason they do not."""
     probe = subprocess.run(
-        [sys.executable, "-c", "import broker.client, broker.server"],
+        [sys.executable, "-c", "import broker.client, broker.daemon.server"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from broker.client import Client
 from broker.errors import SlowConsumerError, TrellisTimeout
-from broker.local import LocalOverlay, start_overlay
+from broker.tools.local import LocalOverlay, start_overlay
 from overlay.tree import broker_names, line_tree
 
 PAYLOAD_SIZE = 100
@@ -491,10 +491,10 @@ async def measure_mode(
 def analytic_bytes() -> dict[str, dict[str, float]]:
     """Bytes per publication on every hop, from the frames the protocol sends (real encoders,
     real seals, splits and certificates), for r = 3 at every VN."""
-    from broker.confidential import EpochKey
-    from broker.protocol import Publish, Share, encode, encode_deliver, encode_forward
+    from broker.wire.protocol import Publish, Share, encode, encode_deliver, encode_forward
     from security.envelope import Signer
     from security.propagation import pack_record, resplit, threshold_for
+    from security.publication import EpochKey
 
     seq, body = 1000, b"x" * PAYLOAD_SIZE
     attrs = {"class": "bench", "phase": "stream", "tag": "r0m0"}
@@ -585,7 +585,8 @@ def crypto_costs(samples: int = 300) -> dict[str, float]:
 
 
 # Ed25519 operations per publication, r = 3 on b0-b1-b2, fresh key per publication (read from
-# broker/client.py, broker/secure.py, broker/server.py, security/propagation.py on 2026-11-22):
+# broker/client.py, broker/secure.py, broker/server.py, security/propagation.py on 2026-11-22,
+# before the restructuring):
 # signs: publisher 2 (content, root split); b0 3 x 1 re-split; b1 3 x 3 re-splits = 14.
 # verifies: content signature at all 9 brokers (first copy per replica) = 9; share chains
 # (ShareInbox, one per distinct certificate): b0 3 x 1, b1 3 x (1 + 3), b2 3 x (1 + 3 + 9) = 54;

@@ -17,8 +17,8 @@ import statistics
 import time
 from collections.abc import Callable
 
-from broker.filters import Filter, Value, parse_filter
-from broker.matching import MatchIndex
+from broker.routing.filters import Filter, Value, parse_filter
+from broker.routing.matching import MatchIndex
 
 CLASSES = 30
 SYMBOLS = 400

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from broker.client import Client
-from broker.local import start_overlay
+from broker.tools.local import start_overlay
 from overlay.tree import broker_names, line_tree
 
 PAYLOAD = b"x" * 100

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.launcher import stop_process
+from broker.tools.launcher import stop_process
 
 __all__ = [
     "PeerError",

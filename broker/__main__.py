@@ -2,6 +2,6 @@
 
 import sys
 
-from broker.cli import main
+from broker.tools.cli import main
 
 sys.exit(main())

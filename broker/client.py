@@ -32,7 +32,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, cast
 
-from broker.confidential import EpochKey, KeyAssembly
 from broker.errors import (
     ERRORS_BY_CODE,
     ConnectionLost,
@@ -42,8 +41,8 @@ from broker.errors import (
     TrellisError,
     TrellisTimeout,
 )
-from broker.filters import Filter, Value, parse_filter
-from broker.protocol import (
+from broker.routing.filters import Filter, Value, parse_filter
+from broker.wire.protocol import (
     DEFAULT_MAX_FRAME,
     PROTOCOL_VERSION,
     Ack,
@@ -68,7 +67,9 @@ from broker.protocol import (
 )
 from overlay.manifest import Manifest
 from security.envelope import Signer
+from security.paths import KeyAssembly
 from security.propagation import PropagationError, pack_record, unpack_record
+from security.publication import EpochKey
 
 __all__ = ["Client", "Delivery", "Status", "Subscription", "parse_endpoint"]
 

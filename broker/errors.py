@@ -1,28 +1,36 @@
-"""The exception hierarchy shared by the broker, the SDK and the CLI.
+"""The SDK's public error module: every error Trellis raises, under ``TrellisError``.
 
-Classes are split by what the caller should do next: retry (``ConnectionLost``,
-``TrellisTimeout``), fix the input (``InvalidRequest`` and its children), or give up
-(``NotAuthorized``). Every class carries its data as attributes, and every error the
-broker sends on the wire has a stable ``code`` so the SDK can raise the matching class.
+The root and its families live in :mod:`security.errors` (importable by every package);
+this module adds the broker's own leaves and the table the SDK uses to raise the class
+matching an ``ERROR`` frame's ``code``.
 """
 
 from __future__ import annotations
 
+from security.errors import (
+    ConnectionLost,
+    IntegrityError,
+    InvalidRequest,
+    NotAuthorized,
+    ProtocolError,
+    TrellisError,
+    TrellisTimeout,
+)
 
-class TrellisError(Exception):
-    """Root of every error Trellis raises."""
-
-    code: str = "internal"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-class InvalidRequest(TrellisError):
-    """The request itself is wrong: fix the input, retrying the same bytes cannot help."""
-
-    code = "invalid_request"
+__all__ = [
+    "ERRORS_BY_CODE",
+    "ConnectionLost",
+    "FilterError",
+    "FilterSyntaxError",
+    "IntegrityError",
+    "InvalidRequest",
+    "NotAuthorized",
+    "PayloadTooLarge",
+    "ProtocolError",
+    "SlowConsumerError",
+    "TrellisError",
+    "TrellisTimeout",
+]
 
 
 class FilterError(InvalidRequest):
@@ -60,30 +68,6 @@ class PayloadTooLarge(InvalidRequest):
         self.limit = limit
 
 
-class ProtocolError(TrellisError):
-    """The peer broke the wire protocol (malformed frame, unknown type, wrong order)."""
-
-    code = "protocol"
-
-
-class NotAuthorized(TrellisError):
-    """The peer is not allowed to do this; retrying will not help."""
-
-    code = "not_authorized"
-
-
-class ConnectionLost(TrellisError):
-    """The connection to the broker went away; the SDK reconnects, the caller may retry."""
-
-    code = "connection_lost"
-
-
-class TrellisTimeout(TrellisError):
-    """A network wait ran out of time; the caller may retry."""
-
-    code = "timeout"
-
-
 class SlowConsumerError(TrellisError):
     """A subscription's bounded queue overflowed and messages were dropped.
 
@@ -113,5 +97,6 @@ ERRORS_BY_CODE: dict[str, type[TrellisError]] = {
         ConnectionLost,
         TrellisTimeout,
         SlowConsumerError,
+        IntegrityError,
     )
 }

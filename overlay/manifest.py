@@ -5,7 +5,7 @@ the replicas of every VN on it, in replica order, with their Ed25519 public keys
 distribute this manifest (a JSON file) to brokers and confidential subscribers as their
 trust anchor; nothing learned over the network can change its membership or keys. Which
 VNs a publication crossed is read from its shares' signed certificates, not from the tree
-here (live reconfiguration moves links; see ``broker.confidential.claimed_path``).
+here (live reconfiguration moves links; see ``security.paths.claimed_path``).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class Manifest:
         """The VNs a publication from ``source_vn`` crosses to reach ``target_vn`` in the
         tree the overlay started as (live reconfiguration may have moved it since: key
         shares are verified along the path their certificates name, see
-        ``broker.confidential.claimed_path``)."""
+        ``security.paths.claimed_path``)."""
         return self.tree.path(source_vn, target_vn)
 
     def to_dict(self) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from security.errors import InvalidRequest
 from security.trust import DEFAULT_DELTA, inferred_trust, leximin_owa
 
 __all__ = [
@@ -53,11 +54,11 @@ MAX_BUDGET = 2**31 - 1
 FORMAT_TAG = "trellis-mtpsto/1"
 
 
-class InvalidProblem(ValueError):
+class InvalidProblem(InvalidRequest):
     """A problem description is inconsistent (fix the input file)."""
 
 
-class InvalidPST(ValueError):
+class InvalidPST(InvalidRequest):
     """A tree is not a valid PST for its problem; ``reasons`` lists every violation."""
 
     def __init__(self, reasons: list[str]) -> None:

@@ -26,6 +26,8 @@ from itertools import pairwise
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from security.errors import InvalidRequest
+
 __all__ = [
     "Link",
     "TopologyChange",
@@ -42,11 +44,10 @@ Link = tuple[str, str]
 """An undirected link in canonical form: the two end ids in sorted order (see :func:`link`)."""
 
 
-class TopologyError(ValueError):
+class TopologyError(InvalidRequest):
     """A topology (or a change to one) is not a valid overlay tree.
 
-    ``overlay`` may not import ``broker``, so this derives from ``ValueError`` rather than from
-    ``broker.errors.TrellisError``; callers that must report it on the wire wrap it.
+    An :class:`~security.errors.InvalidRequest` (and so a ``ValueError``): fix the topology.
 
     Attributes:
         reason: a stable code: ``malformed``, ``unknown_node``, ``self_loop``, ``duplicate_link``,

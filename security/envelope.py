@@ -29,6 +29,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from security.errors import IntegrityError
+
 __all__ = [
     "KEY_SIZE",
     "NONCE_SIZE",
@@ -60,7 +62,7 @@ _SIG_DOMAIN = "trellis/publication-signature/v1"
 AttributeValue = str | int | float | bool
 
 
-class EnvelopeError(ValueError):
+class EnvelopeError(IntegrityError):
     """A sealed payload or signature cannot be accepted; the content must be discarded."""
 
 

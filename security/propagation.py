@@ -43,6 +43,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from security import shamir
 from security.envelope import Signer
+from security.errors import IntegrityError
 
 __all__ = [
     "SALT_SIZE",
@@ -75,7 +76,7 @@ _CERT_DOMAIN = "trellis/split-cert/v1"
 Lineage = tuple[int, ...]
 
 
-class PropagationError(ValueError):
+class PropagationError(IntegrityError):
     """Input to the propagation functions is malformed (a bug or a garbled frame)."""
 
 

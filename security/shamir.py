@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
+from security.errors import InvalidRequest
+
 __all__ = [
     "MAX_SHARES",
     "InconsistentSharesError",
@@ -65,7 +67,7 @@ _from_bytes = int.from_bytes
 _translate = bytes.translate
 
 
-class ShareError(ValueError):
+class ShareError(InvalidRequest):
     """Shares or parameters are malformed: fix the input, retrying cannot help."""
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from broker.launcher import BrokerProcess, start_broker
-from broker.local import LocalOverlay, start_overlay
+from broker.tools.launcher import BrokerProcess, start_broker
+from broker.tools.local import LocalOverlay, start_overlay
 from overlay.tree import Tree
 
 

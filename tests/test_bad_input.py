@@ -11,8 +11,8 @@ import pytest
 
 from broker.client import Client, Subscription
 from broker.errors import FilterSyntaxError, InvalidRequest, PayloadTooLarge
-from broker.launcher import BrokerProcess
-from broker.protocol import PROTOCOL_VERSION, Error, MsgType
+from broker.tools.launcher import BrokerProcess
+from broker.wire.protocol import PROTOCOL_VERSION, Error, MsgType
 from tests.wire import RawPeer
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from broker.client import Client
 from broker.errors import InvalidRequest
-from broker.filters import parse_filter
-from broker.launcher import BrokerProcess
+from broker.routing.filters import parse_filter
+from broker.tools.launcher import BrokerProcess
 from tests.support import drain
 
 PUBLICATIONS = [

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from broker.confidential import PathVote, claimed_path
 from overlay.manifest import Manifest
 from overlay.tree import line_tree
+from security.paths import PathVote, claimed_path
 
 VNS = ("a", "b", "c", "d")
 MANIFEST = Manifest(
@@ -61,9 +61,10 @@ def test_an_epoch_split_across_a_move_is_recovered_from_the_complete_path() -> N
     """Replica a.0 split the epoch's key along the old path a-b-c before the move; a.1
     split along the new path a-c after it, and a.0 re-sent its share there too. The old
     path holds one of the k = 2 level-1 shares, never enough; the new path holds two."""
-    from broker.confidential import KeyAssembly, publication_id
     from security.envelope import Signer, generate_signing_key, public_key_to_bytes
+    from security.paths import KeyAssembly
     from security.propagation import publisher_split, resplit, threshold_for
+    from security.publication import publication_id
 
     keys = {f"{vn}.{i}": generate_signing_key() for vn in "abc" for i in range(3)}
     publisher = generate_signing_key()

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from broker.launcher import BrokerProcess
+from broker.tools.launcher import BrokerProcess
 
 
 def trellis(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

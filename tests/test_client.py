@@ -9,9 +9,9 @@ import pytest
 
 from broker.client import Client, Status
 from broker.errors import TrellisTimeout
-from broker.launcher import BrokerProcess
-from broker.local import free_ports
-from broker.protocol import Deliver, MsgType, Notice
+from broker.tools.launcher import BrokerProcess
+from broker.tools.local import free_ports
+from broker.wire.protocol import Deliver, MsgType, Notice
 from tests.wire import RawPeer
 
 

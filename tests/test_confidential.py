@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-import broker.confidential
+import security.publication
 from broker.client import Client
 from broker.errors import TrellisTimeout
-from broker.local import LocalOverlay, metric_by_label
+from broker.tools.local import LocalOverlay, metric_by_label
 from overlay.tree import broker_names, line_tree
 from security.propagation import coalition_key, unpack_record
 
@@ -42,13 +42,13 @@ def run_vns(run_overlay: Callable[..., LocalOverlay]) -> Callable[..., LocalOver
 def recorded_keys(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """Every content key this process's publishers generate, for the collusion checks."""
     keys: list[bytes] = []
-    original = broker.confidential.new_key
+    original = security.publication.new_key
 
     def recording() -> bytes:
         keys.append(original())
         return keys[-1]
 
-    monkeypatch.setattr(broker.confidential, "new_key", recording)
+    monkeypatch.setattr(security.publication, "new_key", recording)
     return keys
 
 

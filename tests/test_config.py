@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import ConfigError, load_config
+from broker.daemon.config import ConfigError, load_config
 
 
 def test_defaults_validate() -> None:

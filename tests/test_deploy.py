@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from broker.config import load_config
+from broker.daemon.config import load_config
 from overlay.tree import Tree
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.errors import FilterError, FilterSyntaxError
-from broker.filters import (
+from broker.routing.filters import (
     MAX_PREDICATES,
     MAX_STRING_LENGTH,
     Filter,

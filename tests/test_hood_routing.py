@@ -19,9 +19,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.filters import parse_filter
-from broker.protocol import Advertise, Subscribe, Unadvertise, Unsubscribe
-from broker.routing import Router, hood_routing, reduce_covered
+from broker.routing.filters import parse_filter
+from broker.routing.router import Router, hood_routing, reduce_covered
+from broker.wire.protocol import Advertise, Subscribe, Unadvertise, Unsubscribe
 from overlay.tree import Tree, random_tree
 
 

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from broker.client import Client, Subscription
-from broker.filters import parse_filter
-from broker.local import LocalOverlay
-from broker.protocol import PROTOCOL_VERSION, Error, MsgType, Pong, Welcome
+from broker.routing.filters import parse_filter
+from broker.tools.local import LocalOverlay
+from broker.wire.protocol import PROTOCOL_VERSION, Error, MsgType, Pong, Welcome
 from overlay.tree import broker_names, line_tree, random_tree
 from tests.support import drain
 from tests.wire import RawPeer
@@ -187,7 +187,7 @@ async def test_bad_input_between_brokers_is_refused_and_the_overlay_keeps_routin
     tree = line_tree(broker_names(3))
     overlay = LocalOverlay(tmp_path / "bad", tree)
     overlay.workdir.mkdir()
-    from broker.local import free_ports
+    from broker.tools.local import free_ports
 
     overlay.ports = dict(zip(sorted(tree.brokers), free_ports(3), strict=True))
     # b2 also accepts b0 (which would close a cycle) and 'bz' (a leaf nobody else knows).

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.errors import InvalidRequest, PayloadTooLarge, ProtocolError, TrellisError
-from broker.filters import parse_filter
-from broker.protocol import (
+from broker.routing.filters import parse_filter
+from broker.wire.protocol import (
     Ack,
     Advertise,
     Deliver,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from broker.client import Client
-from broker.local import LocalOverlay, fetch_json, metric_by_label
+from broker.tools.local import LocalOverlay, fetch_json, metric_by_label
 from overlay.tree import Tree, broker_names, line_tree
 from reconfig.cost import CostModel, routing_cost
 
@@ -327,7 +327,7 @@ async def test_a_master_that_vanishes_mid_round_leaves_nothing_frozen(
 ) -> None:
     """A member frozen by a coordinator that then disappears unfreezes when the lease ends,
     and what its clients published meanwhile is delivered, in order."""
-    from broker.protocol import PROTOCOL_VERSION, MsgType
+    from broker.wire.protocol import PROTOCOL_VERSION, MsgType
     from tests.wire import RawPeer
 
     overlay = run_overlay(

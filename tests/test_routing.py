@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from broker.filters import parse_filter
-from broker.protocol import Advertise, Subscribe, Unadvertise, Unsubscribe
-from broker.routing import Router
+from broker.routing.filters import parse_filter
+from broker.routing.router import Router
+from broker.wire.protocol import Advertise, Subscribe, Unadvertise, Unsubscribe
 
 
 @dataclass(eq=False)

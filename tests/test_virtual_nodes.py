@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from broker.client import Client
-from broker.local import LocalOverlay
+from broker.tools.local import LocalOverlay
 from overlay.tree import broker_names, line_tree
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgpack
 
-from broker.protocol import PROTOCOL_VERSION, FrameDecoder, Message, MsgType
+from broker.wire.protocol import PROTOCOL_VERSION, FrameDecoder, Message, MsgType
 
 
 class RawPeer:

@@ -1,6 +1,6 @@
 """``trellis pst``: solve MTPSTO problem files and generate the seed's problem sets.
 
-The lead's ``broker/cli.py`` calls :func:`add_pst_parser` and dispatches ``args.func(args)``.
+The lead's ``broker/tools/cli.py`` calls :func:`add_pst_parser` and dispatches ``args.func(args)``.
 """
 
 from __future__ import annotations

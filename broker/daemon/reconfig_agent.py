@@ -24,7 +24,7 @@ each member broker over a short-lived *control connection* (HELLO with ``control
    has routed everything the master sent it. Nothing moves in the neighbourhood then.
 5. ``install``: the coordinator, whose star carried every entry that crosses the
    neighbourhood, computes what each link of the new tree carries
-   (:func:`broker.routing.hood_routing`). Every member installs the same tables without
+   (:func:`broker.routing.router.hood_routing`). Every member installs the same tables without
    messages; links leaving the neighbourhood hear only of entries a member gained or
    lost outright (SPEC §5: nothing else changes outside).
 6. ``resume``: members read again, close the removed links and release the lock.
@@ -48,8 +48,9 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from broker.errors import InvalidRequest, ProtocolError, TrellisError
-from broker.filters import Filter
-from broker.protocol import (
+from broker.routing.filters import Filter
+from broker.routing.router import hood_routing
+from broker.wire.protocol import (
     HEADER_SIZE,
     PROTOCOL_VERSION,
     Hello,
@@ -61,13 +62,12 @@ from broker.protocol import (
     decode_body,
     encode,
 )
-from broker.routing import hood_routing
 from overlay.tree import link
 from reconfig.cost import CostModel, LocalView
 from reconfig.ocbr import TabuParams, plan_view
 
 if TYPE_CHECKING:
-    from broker.server import Broker, Connection
+    from broker.daemon.server import Broker, Connection
 
 log = logging.getLogger("trellis.reconfig")
 

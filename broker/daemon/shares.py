@@ -23,16 +23,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker.confidential import (
-    PathVote,
-    claimed_path,
-    path_view,
-    publication_id,
-    signature_valid,
-)
-from broker.protocol import Publish, Share
+from broker.wire.protocol import Publish, Share
 from overlay.manifest import Manifest
 from security.envelope import Signer, private_key_from_bytes
+from security.paths import PathVote, claimed_path, path_view
 from security.propagation import (
     PropagationError,
     ShareInbox,
@@ -42,9 +36,10 @@ from security.propagation import (
     threshold_for,
     unpack_record,
 )
+from security.publication import publication_id, signature_valid
 
 if TYPE_CHECKING:
-    from broker.server import Broker
+    from broker.daemon.server import Broker
 
 log = logging.getLogger("trellis.security")
 

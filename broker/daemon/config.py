@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from broker.errors import TrellisError
-from broker.protocol import DEFAULT_MAX_FRAME
+from broker.wire.protocol import DEFAULT_MAX_FRAME
 
 ENV_PREFIX = "TRELLIS_"
 

@@ -30,9 +30,9 @@ from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from broker.filters import Filter, Value
-from broker.matching import MatchIndex
-from broker.protocol import Advertise, Message, Subscribe, Unadvertise, Unsubscribe
+from broker.routing.filters import Filter, Value
+from broker.routing.matching import MatchIndex
+from broker.wire.protocol import Advertise, Message, Subscribe, Unadvertise, Unsubscribe
 
 
 class HopLike(Hashable, Protocol):

@@ -21,10 +21,10 @@ from prometheus_client.core import (
     Metric,
 )
 
-from broker.stats import MATCH_BUCKETS
+from broker.daemon.stats import MATCH_BUCKETS
 
 if TYPE_CHECKING:
-    from broker.server import Broker
+    from broker.daemon.server import Broker
 
 log = logging.getLogger("trellis.admin")
 

@@ -47,7 +47,7 @@ from typing import Any
 import msgpack
 
 from broker.errors import FilterError, InvalidRequest, PayloadTooLarge, ProtocolError
-from broker.filters import Filter, Value
+from broker.routing.filters import Filter, Value
 
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME = 1024 * 1024

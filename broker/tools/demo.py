@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from broker.client import Client, Subscription
-from broker.filters import parse_filter
-from broker.local import LocalOverlay, metric_by_label, start_overlay
+from broker.routing.filters import parse_filter
+from broker.tools.local import LocalOverlay, metric_by_label, start_overlay
 from overlay.tree import broker_names, line_tree
 
 VNS = 4
@@ -174,7 +174,7 @@ LIVE_GROUPS = {
 async def _live_reconfiguration(workdir: Path, seconds: float = 6.0) -> bool:
     """A line of six brokers rearranges itself under traffic; returns whether every
     subscriber got every publication of its group exactly once, in order."""
-    from broker.local import fetch_json
+    from broker.tools.local import fetch_json
     from overlay.tree import Tree
     from reconfig.cost import CostModel, routing_cost
 

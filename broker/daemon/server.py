@@ -34,10 +34,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, cast
 
-from broker.confidential import signature_valid
-from broker.config import BrokerConfig, NeighbourConfig, vn_of
+from broker.daemon.config import BrokerConfig, NeighbourConfig, vn_of
+from broker.daemon.shares import SecureForwarding
+from broker.daemon.stats import BrokerStats
 from broker.errors import InvalidRequest, NotAuthorized, ProtocolError, TrellisError
-from broker.protocol import (
+from broker.routing.router import Router
+from broker.wire.protocol import (
     PROTOCOL_VERSION,
     Ack,
     Advertise,
@@ -63,9 +65,7 @@ from broker.protocol import (
     encode_forward,
     error_for,
 )
-from broker.routing import Router
-from broker.secure import SecureForwarding
-from broker.stats import BrokerStats
+from security.publication import signature_valid
 
 log = logging.getLogger("trellis.broker")
 proto_log = logging.getLogger("trellis.protocol")
@@ -467,7 +467,7 @@ class Broker:
         self.congested_links: set[Connection] = set()
         self.dirty: list[Connection] = []
         self.stats = BrokerStats()
-        from broker.reconfiguration import ReconfigAgent
+        from broker.daemon.reconfig_agent import ReconfigAgent
 
         self.reconfig = ReconfigAgent(self)
 
@@ -947,7 +947,7 @@ class Server:
         self._stop.set()
 
     async def serve(self) -> None:
-        from broker.admin import start_admin
+        from broker.daemon.admin import start_admin
 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.errors import TrellisError
-from broker.launcher import BrokerProcess, start_broker
+from broker.tools.launcher import BrokerProcess, start_broker
 from overlay.manifest import Manifest
 from overlay.tree import Link, TopologyError, Tree, link
 from security.envelope import generate_signing_key, private_key_to_bytes, public_key_to_bytes

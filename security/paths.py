@@ -1,125 +1,57 @@
-"""Confidential publications on the wire: sealing, checking, re-splitting, reconstruction.
+"""Which path a key share travelled, who vouches for it, and a subscriber's key assembly.
 
-The cryptography lives in ``security`` (envelope, Shamir, share propagation); this module
-binds it to the protocol: how a publication id is formed, what the ``sec`` block carries,
-and the per-publication state a subscriber keeps while shares arrive from its replicas.
+Live reconfiguration moves links, so a confidential publication's path is not the
+manifest's starting tree: it is read from its shares' signed split certificates
+(:func:`claimed_path`) and adopted once a majority of the sending VN vouches for it
+(:class:`PathVote`). A subscriber gathers an epoch's shares per claimed path and
+reconstructs the key from whichever path is complete (:class:`KeyAssembly`). Pure logic
+over the overlay manifest and the share records: no I/O.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from weakref import WeakKeyDictionary
 
-from overlay.manifest import Manifest
-from security.envelope import (
-    EnvelopeError,
-    Signer,
-    new_key,
-    open_sealed,
-    public_key_from_bytes,
-    public_key_to_bytes,
-    seal,
-    sign_publication,
-    verify_publication,
-)
+from security.envelope import EnvelopeError, open_sealed, public_key_from_bytes
 from security.propagation import (
     ChainVerifier,
     Member,
     PathView,
     PropagationError,
     ShareRecord,
-    publisher_split,
     reconstruct,
     threshold_for,
 )
+from security.publication import publication_id
 
 log = logging.getLogger("trellis.security")
 
 
-def publication_id(publisher: str, seq: int) -> bytes:
-    """The id every signature, commitment and AEAD tag of a publication is bound to."""
-    return f"{publisher}/{seq}".encode()
+class Membership(Protocol):
+    """What path checks need of the overlay manifest (``overlay.manifest.Manifest``):
+    the trust anchor for who belongs to which VN and their public keys. A protocol, so
+    that ``security`` never imports ``overlay``."""
+
+    @property
+    def members(self) -> Mapping[str, tuple[str, ...]]: ...
+
+    @property
+    def keys(self) -> Mapping[str, bytes]: ...
+
+    def owner(self, broker_id: str) -> str | None: ...
 
 
-@dataclass
-class EpochKey:
-    """A publisher's content key for one key epoch, named by the epoch's first seq.
-
-    Each publication is sealed under the epoch key with its own id as associated data
-    (and a fresh nonce); the key's shares, one per replica of the edge VN, are bound to
-    the epoch's first publication id.
-    """
-
-    key: bytes
-    first_seq: int
-    vn: str
-    records: list[ShareRecord]
-    started: float
-    used: int = 0
-
-    @classmethod
-    def start(cls, signer: Signer, first_seq: int, vn: str, replicas: int) -> EpochKey:
-        key = new_key()
-        pub_id = publication_id(signer.id, first_seq)
-        records = publisher_split(key, threshold_for(replicas), replicas, signer, pub_id)
-        return cls(key, first_seq, vn, records, time.monotonic())
-
-    def expired(self, messages: int, seconds: float | None) -> bool:
-        if self.used >= messages:
-            return True
-        return seconds is not None and time.monotonic() - self.started >= seconds
-
-    def seal(
-        self, signer: Signer, seq: int, attrs: dict[str, Any], payload: bytes
-    ) -> tuple[bytes, dict[str, Any]]:
-        """Encrypt and sign one publication; returns the sealed payload and ``sec`` block."""
-        self.used += 1
-        pub_id = publication_id(signer.id, seq)
-        sealed = seal(self.key, pub_id, attrs, payload)
-        sec = {
-            "pk": public_key_to_bytes(signer.public_key),
-            "sig": sign_publication(
-                signer.key, signed_id(signer.id, seq, self.vn, self.first_seq), attrs, sealed
-            ),
-            "vn": self.vn,
-            "epoch": self.first_seq,
-        }
-        return sealed, sec
-
-
-def signed_id(publisher: str, seq: int, vn: str, epoch: int) -> bytes:
-    """What the publisher's signature binds besides content: the publication, the VN its
-    shares start from and its key epoch (so no broker can redirect share verification)."""
-    return f"{publisher}/{seq}@{vn}#{epoch}".encode()
-
-
-def signature_valid(
-    publisher: str, seq: int, attrs: Any, payload: bytes, sec: dict[str, Any]
-) -> bool:
-    """Whether ``sec`` carries the publisher's valid signature over this content."""
-    try:
-        verify_publication(
-            public_key_from_bytes(sec["pk"]),
-            signed_id(publisher, seq, sec["vn"], sec["epoch"]),
-            attrs,
-            payload,
-            sec["sig"],
-        )
-    except (EnvelopeError, ValueError):
-        return False
-    return True
-
-
-_PATH_CACHE: WeakKeyDictionary[Manifest, dict[tuple[str, ...], tuple[tuple[Member, ...], ...]]]
+_PATH_CACHE: WeakKeyDictionary[Membership, dict[tuple[str, ...], tuple[tuple[Member, ...], ...]]]
 _PATH_CACHE = WeakKeyDictionary()
 
 
 def path_view(
-    manifest: Manifest, publisher: str, sec: dict[str, Any], path: tuple[str, ...]
+    manifest: Membership, publisher: str, sec: dict[str, Any], path: tuple[str, ...]
 ) -> PathView:
     """Who may sign each split of this publication along the VN ``path`` it travelled."""
     paths = _PATH_CACHE.setdefault(manifest, {})
@@ -134,7 +66,7 @@ def path_view(
 
 
 def claimed_path(
-    manifest: Manifest, sec: dict[str, Any], record: ShareRecord, holder_vn: str
+    manifest: Membership, sec: dict[str, Any], record: ShareRecord, holder_vn: str
 ) -> tuple[str, ...] | None:
     """The VN path a key share says it travelled, or None when that cannot be a path.
 
@@ -176,7 +108,7 @@ class PathVote:
 
     def offer(
         self,
-        manifest: Manifest,
+        manifest: Membership,
         sec: dict[str, Any],
         record: ShareRecord,
         sender: str,
@@ -227,7 +159,7 @@ class KeyAssembly:
     def add(self, sender: str, record: ShareRecord) -> None:
         self.shares.append((sender, record))
 
-    def recover(self, manifest: Manifest, holder_vn: str) -> bytes | None:
+    def recover(self, manifest: Membership, holder_vn: str) -> bytes | None:
         """Sort new shares by the path they claim, then try every path a majority of the
         edge VN vouches for; the key once one of them reconstructs it."""
         if self.sec is None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from broker.client import Client, Delivery
 from broker.errors import SlowConsumerError, TrellisError
-from broker.filters import Filter, parse_attrs
+from broker.routing.filters import Filter, parse_attrs
 from reconfig.mtpsto.cli import add_pst_parser
 
 log = logging.getLogger("trellis.cli")
@@ -47,8 +47,8 @@ def run_async(coro: Any) -> Any:
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
-    from broker.config import load_config
-    from broker.server import run
+    from broker.daemon.config import load_config
+    from broker.daemon.server import run
 
     overrides = {
         "id": args.id,
@@ -182,7 +182,7 @@ def byzantine_modes(items: list[str]) -> dict[str, dict[str, str]]:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from broker.local import start_overlay
+    from broker.tools.local import start_overlay
 
     tree = tree_for(args.topology, args.vns, args.seed)
     settings: dict[str, Any] = {"covering": not args.no_covering}
@@ -200,7 +200,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from broker.local import stop_overlay
+    from broker.tools.local import stop_overlay
 
     stopped = stop_overlay(Path(args.dir))
     print(f"stopped {len(stopped)} brokers: {' '.join(stopped)}")
@@ -208,7 +208,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_topology(args: argparse.Namespace) -> int:
-    from broker.local import fetch_json, read_overlay, vn_links
+    from broker.tools.local import fetch_json, read_overlay, vn_links
 
     info = read_overlay(Path(args.dir))
     for broker in info["brokers"]:
@@ -269,7 +269,7 @@ def describe_round(record: dict[str, Any]) -> str:
 
 
 def cmd_reconfig(args: argparse.Namespace) -> int:
-    from broker.local import fetch_json, read_overlay
+    from broker.tools.local import fetch_json, read_overlay
 
     info = read_overlay(Path(args.dir))
     admin = {b["id"]: b["admin"] for b in info["brokers"]}
@@ -317,7 +317,7 @@ def cmd_reconfig(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from broker.demo import run_demo
+    from broker.tools.demo import run_demo
 
     workdir = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="trellis-demo-"))
     return run_async(run_demo(workdir, count=args.count))

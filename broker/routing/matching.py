@@ -30,7 +30,7 @@ from collections.abc import Callable, Hashable, Iterable, KeysView, Mapping
 from math import isnan
 from typing import Any, Final, Generic, TypeVar
 
-from broker.filters import Filter, Op, Predicate, Value, value_key
+from broker.routing.filters import Filter, Op, Predicate, Value, value_key
 
 __all__ = ["MatchIndex"]
 

@@ -1,0 +1,99 @@
+"""What a confidential publication carries and how it is bound (SPEC §3).
+
+A publication id binds every signature, commitment and AES-GCM tag of a publication; the
+publisher's signature also binds the VN its key shares start from and its key epoch, so no
+broker can redirect share verification. :class:`EpochKey` is a publisher's content key for
+one key epoch, split once for its edge VN's replicas.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from security.envelope import (
+    EnvelopeError,
+    Signer,
+    new_key,
+    public_key_from_bytes,
+    public_key_to_bytes,
+    seal,
+    sign_publication,
+    verify_publication,
+)
+from security.propagation import ShareRecord, publisher_split, threshold_for
+
+
+def publication_id(publisher: str, seq: int) -> bytes:
+    """The id every signature, commitment and AEAD tag of a publication is bound to."""
+    return f"{publisher}/{seq}".encode()
+
+
+@dataclass
+class EpochKey:
+    """A publisher's content key for one key epoch, named by the epoch's first seq.
+
+    Each publication is sealed under the epoch key with its own id as associated data
+    (and a fresh nonce); the key's shares, one per replica of the edge VN, are bound to
+    the epoch's first publication id.
+    """
+
+    key: bytes
+    first_seq: int
+    vn: str
+    records: list[ShareRecord]
+    started: float
+    used: int = 0
+
+    @classmethod
+    def start(cls, signer: Signer, first_seq: int, vn: str, replicas: int) -> EpochKey:
+        key = new_key()
+        pub_id = publication_id(signer.id, first_seq)
+        records = publisher_split(key, threshold_for(replicas), replicas, signer, pub_id)
+        return cls(key, first_seq, vn, records, time.monotonic())
+
+    def expired(self, messages: int, seconds: float | None) -> bool:
+        if self.used >= messages:
+            return True
+        return seconds is not None and time.monotonic() - self.started >= seconds
+
+    def seal(
+        self, signer: Signer, seq: int, attrs: dict[str, Any], payload: bytes
+    ) -> tuple[bytes, dict[str, Any]]:
+        """Encrypt and sign one publication; returns the sealed payload and ``sec`` block."""
+        self.used += 1
+        pub_id = publication_id(signer.id, seq)
+        sealed = seal(self.key, pub_id, attrs, payload)
+        sec = {
+            "pk": public_key_to_bytes(signer.public_key),
+            "sig": sign_publication(
+                signer.key, signed_id(signer.id, seq, self.vn, self.first_seq), attrs, sealed
+            ),
+            "vn": self.vn,
+            "epoch": self.first_seq,
+        }
+        return sealed, sec
+
+
+def signed_id(publisher: str, seq: int, vn: str, epoch: int) -> bytes:
+    """What the publisher's signature binds besides content: the publication, the VN its
+    shares start from and its key epoch (so no broker can redirect share verification)."""
+    return f"{publisher}/{seq}@{vn}#{epoch}".encode()
+
+
+def signature_valid(
+    publisher: str, seq: int, attrs: Any, payload: bytes, sec: dict[str, Any]
+) -> bool:
+    """Whether ``sec`` carries the publisher's valid signature over this content."""
+    try:
+        verify_publication(
+            public_key_from_bytes(sec["pk"]),
+            signed_id(publisher, seq, sec["vn"], sec["epoch"]),
+            attrs,
+            payload,
+            sec["sig"],
+        )
+    except (EnvelopeError, ValueError):
+        return False
+    return True
