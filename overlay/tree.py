@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import pairwise
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from security.errors import InvalidRequest
 
@@ -551,10 +551,19 @@ class Tree:
 
 
 N = TypeVar("N")
+K_contra = TypeVar("K_contra", contravariant=True)
+V_co = TypeVar("V_co", covariant=True)
 
 
-def rooted_path(parent: Mapping[N, N], depth: Mapping[N, int], a: N, b: N) -> list[N]:
-    """The path a … b in a rooted tree given as parent and depth maps (both ends included)."""
+class _Lookup(Protocol[K_contra, V_co]):
+    """Read access by key: a mapping, or a list indexed by position."""
+
+    def __getitem__(self, key: K_contra, /) -> V_co: ...
+
+
+def rooted_path(parent: _Lookup[N, N], depth: _Lookup[N, int], a: N, b: N) -> list[N]:
+    """The path a … b in a rooted tree given as parent and depth maps or lists, indexed by node
+    (both ends included)."""
     left: list[N] = []
     right: list[N] = []
     while depth[a] > depth[b]:
@@ -636,7 +645,7 @@ def _check_id(node: object, kind: str) -> None:
         raise TopologyError(f"{kind} id must be a non-empty string, got {node!r}", "malformed")
 
 
-def _parse_links(raw: Any, field: str) -> list[tuple[str, str]]:
+def _parse_links(raw: object, field: str) -> list[tuple[str, str]]:
     if not isinstance(raw, (list, tuple)):
         raise TopologyError(f"{field!r} must be a list of [a, b] pairs", "malformed")
     out: list[tuple[str, str]] = []
@@ -648,6 +657,21 @@ def _parse_links(raw: Any, field: str) -> list[tuple[str, str]]:
             raise TopologyError(f"{field!r}: {item!r} must hold two string ids", "malformed")
         out.append((a, b))
     return out
+
+
+def path_between(links: Iterable[tuple[str, str]], a: str, b: str) -> list[str]:
+    """The nodes on a shortest path from ``a`` to ``b`` over ``links`` (any graph, e.g. the
+    partial view of the overlay a broker learns from link-state announcements), both ends
+    included; ``[]`` when ``b`` cannot be reached from ``a``."""
+    adj: dict[str, set[str]] = {}
+    for x, y in links:
+        adj.setdefault(x, set()).add(y)
+        adj.setdefault(y, set()).add(x)
+    if a == b:
+        return [a]
+    if a not in adj or b not in _reach(adj, a):
+        return []
+    return _bfs_path(adj, a, b)
 
 
 def _reach(adj: Mapping[str, Iterable[str]], start: str) -> set[str]:

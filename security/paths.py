@@ -17,7 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from weakref import WeakKeyDictionary
 
-from security.envelope import EnvelopeError, open_sealed, public_key_from_bytes
+from security.envelope import (
+    AttributeValue,
+    EnvelopeError,
+    open_sealed,
+    public_key_from_bytes,
+)
 from security.propagation import (
     ChainVerifier,
     Member,
@@ -219,7 +224,7 @@ class KeyAssembly:
         if self.key is None:
             self.key = result.key
 
-    def open(self, seq: int, attrs: dict[str, Any], sealed: bytes) -> bytes | None:
+    def open(self, seq: int, attrs: Mapping[str, AttributeValue], sealed: bytes) -> bytes | None:
         """The plaintext of publication ``seq``, once the key is known and the tag checks."""
         if self.key is None:
             return None

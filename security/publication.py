@@ -9,10 +9,12 @@ one key epoch, split once for its edge VN's replicas.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from security.envelope import (
+    AttributeValue,
     EnvelopeError,
     Signer,
     new_key,
@@ -59,7 +61,7 @@ class EpochKey:
         return seconds is not None and time.monotonic() - self.started >= seconds
 
     def seal(
-        self, signer: Signer, seq: int, attrs: dict[str, Any], payload: bytes
+        self, signer: Signer, seq: int, attrs: Mapping[str, AttributeValue], payload: bytes
     ) -> tuple[bytes, dict[str, Any]]:
         """Encrypt and sign one publication; returns the sealed payload and ``sec`` block."""
         self.used += 1
@@ -83,7 +85,11 @@ def signed_id(publisher: str, seq: int, vn: str, epoch: int) -> bytes:
 
 
 def signature_valid(
-    publisher: str, seq: int, attrs: Any, payload: bytes, sec: dict[str, Any]
+    publisher: str,
+    seq: int,
+    attrs: Mapping[str, AttributeValue],
+    payload: bytes,
+    sec: dict[str, Any],
 ) -> bool:
     """Whether ``sec`` carries the publisher's valid signature over this content."""
     try:

@@ -11,7 +11,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -21,24 +21,48 @@ from prometheus_client.core import (
     Metric,
 )
 
-from broker.daemon.stats import MATCH_BUCKETS
-
-if TYPE_CHECKING:
-    from broker.daemon.server import Broker
+from broker.daemon.stats import MATCH_BUCKETS, BrokerStats
+from reconfig.live import RoundStats
 
 log = logging.getLogger("trellis.admin")
+
+
+class Observed(Protocol):
+    """What the admin endpoint reads of its broker (the daemon's ``Broker``)."""
+
+    @property
+    def broker_id(self) -> str: ...
+
+    @property
+    def stats(self) -> BrokerStats: ...
+
+    @property
+    def round_stats(self) -> RoundStats: ...
+
+    def table_sizes(self) -> tuple[int, int]:
+        """(SRT entries, PRT entries)."""
+
+    def connection_counts(self) -> tuple[int, int]:
+        """(connected clients, overlay links up)."""
+
+    def health(self) -> dict[str, object]:
+        """The ``/healthz`` document."""
+
+    def reconfig_state(self) -> dict[str, Any]:
+        """The ``/reconfig`` document."""
 
 
 class BrokerCollector:
     """Turns the broker's plain counters into Prometheus metrics at scrape time."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Observed) -> None:
         self.broker = broker
 
     def collect(self) -> Iterator[Metric]:
         b = self.broker
         s = b.stats
-        labels = {"broker": b.config.id}
+        me = b.broker_id
+        labels = {"broker": me}
         names = ["broker"]
 
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
@@ -55,9 +79,9 @@ class BrokerCollector:
             "trellis_messages_in", "Control messages received, by type", labels=["broker", "type"]
         )
         for kind, count in sorted(s.messages_in.items()):
-            inbound.add_metric([b.config.id, kind], count)
-        inbound.add_metric([b.config.id, "publish"], s.publications_in)
-        inbound.add_metric([b.config.id, "forward"], s.forwards_in)
+            inbound.add_metric([me, kind], count)
+        inbound.add_metric([me, "publish"], s.publications_in)
+        inbound.add_metric([me, "forward"], s.forwards_in)
         yield inbound
         forwarded = CounterMetricFamily(
             "trellis_publications_forwarded",
@@ -65,7 +89,7 @@ class BrokerCollector:
             labels=["broker", "link"],
         )
         for link, count in sorted(s.forwarded.items()):
-            forwarded.add_metric([b.config.id, link], count)
+            forwarded.add_metric([me, link], count)
         yield forwarded
         yield counter("trellis_deliveries", "Publications delivered to local clients", s.deliveries)
         yield counter(
@@ -97,7 +121,7 @@ class BrokerCollector:
             labels=["broker", "culprit"],
         )
         for culprit, count in sorted(s.blamed.items()):
-            blame.add_metric([b.config.id, culprit], count)
+            blame.add_metric([me, culprit], count)
         yield blame
         yield counter(
             "trellis_bad_signatures",
@@ -116,13 +140,15 @@ class BrokerCollector:
         hist = HistogramMetricFamily(
             "trellis_matching_latency_seconds", "Time to match one publication", labels=names
         )
-        hist.add_metric([b.config.id], cumulative, s.match_sum)
+        hist.add_metric([me], cumulative, s.match_sum)
         yield hist
-        yield gauge("trellis_srt_entries", "Advertisements in the SRT", b.router.srt_size)
-        yield gauge("trellis_prt_entries", "Subscriptions in the PRT", b.router.prt_size)
-        yield gauge("trellis_connected_clients", "Connected clients", len(b.clients))
-        yield gauge("trellis_broker_links", "Overlay links up", len(b.links))
-        r = b.reconfig.stats
+        srt, prt = b.table_sizes()
+        clients, links = b.connection_counts()
+        yield gauge("trellis_srt_entries", "Advertisements in the SRT", srt)
+        yield gauge("trellis_prt_entries", "Subscriptions in the PRT", prt)
+        yield gauge("trellis_connected_clients", "Connected clients", clients)
+        yield gauge("trellis_broker_links", "Overlay links up", links)
+        r = b.round_stats
         rounds = CounterMetricFamily(
             "trellis_reconfig_rounds",
             "Reconfiguration rounds this broker led as master, by outcome",
@@ -134,7 +160,7 @@ class BrokerCollector:
             ("refused", r.refused),
             ("aborted", r.aborted),
         ):
-            rounds.add_metric([b.config.id, outcome], count)
+            rounds.add_metric([me, outcome], count)
         yield rounds
         yield counter(
             "trellis_reconfig_links_changed", "Links added by applied plans", r.links_changed
@@ -154,25 +180,10 @@ class BrokerCollector:
         )
 
 
-def health(broker: Broker) -> dict[str, object]:
-    """The broker's state at a glance."""
-    return {
-        "status": "ok",
-        "id": broker.config.id,
-        "clients": len(broker.clients),
-        "links": sorted(broker.links),
-        "srt": broker.router.srt_size,
-        "prt": broker.router.prt_size,
-        "control_in": sum(broker.stats.messages_in.values()),
-        "publications_in": broker.stats.publications_in,
-        "deliveries": broker.stats.deliveries,
-    }
-
-
-async def start_admin(broker: Broker, host: str, port: int) -> asyncio.Server:
+async def start_admin(broker: Observed, host: str, port: int) -> asyncio.Server:
     """Serve ``/metrics``, ``/healthz`` and ``/reconfig`` for ``broker``."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(broker))  # type: ignore[arg-type]
+    registry.register(BrokerCollector(broker))
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -185,10 +196,10 @@ async def start_admin(broker: Broker, host: str, port: int) -> asyncio.Server:
                 body = generate_latest(registry)
             elif path.startswith("/healthz"):
                 status, ctype = "200 OK", "application/json"
-                body = json.dumps(health(broker)).encode()
+                body = json.dumps(broker.health()).encode()
             elif path.startswith("/reconfig"):
                 status, ctype = "200 OK", "application/json"
-                body = json.dumps(broker.reconfig.describe()).encode()
+                body = json.dumps(broker.reconfig_state()).encode()
             else:
                 status, ctype = "404 Not Found", "text/plain"
                 body = b"try /metrics, /healthz or /reconfig\n"

@@ -10,19 +10,23 @@ this replica sends that hop every share it holds for the epoch, and every share 
 arrives later goes to every hop already served. A subscriber or branch that appears
 mid-epoch is therefore served from the shares its upstream replicas hold.
 
-Fault injection (``byzantine``) lives here too, so tests and demos can show what a
-Byzantine minority can and cannot do.
+The publisher's signature over a confidential publication is checked here too, for a
+client's ``PUBLISH`` and a neighbour's ``FORWARD`` alike. Byzantine behaviour for tests and
+demos is not here: :mod:`broker.daemon.faults` wraps the hooks :meth:`SecureForwarding.split`
+and :meth:`SecureForwarding.recipients_of`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import OrderedDict
-from dataclasses import replace
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
+from broker.daemon.config import BrokerConfig, NeighbourConfig
+from broker.daemon.hops import Hop, VNHop
+from broker.daemon.stats import BrokerStats
 from broker.wire.protocol import Publish, Share
 from overlay.manifest import Manifest
 from security.envelope import Signer, private_key_from_bytes
@@ -38,10 +42,9 @@ from security.propagation import (
 )
 from security.publication import publication_id, signature_valid
 
-if TYPE_CHECKING:
-    from broker.daemon.server import Broker
-
 log = logging.getLogger("trellis.security")
+
+T = TypeVar("T")
 
 _EPOCH_MEMORY = 4096
 
@@ -49,10 +52,19 @@ _EPOCH_MEMORY = 4096
 class SecureForwarding:
     """Per-broker state of confidential publications: epoch shares held, hops served."""
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        config = broker.config
-        self.mode = config.byzantine
+    def __init__(
+        self,
+        config: BrokerConfig,
+        vn: str,
+        stats: BrokerStats,
+        neighbours: Mapping[str, NeighbourConfig],
+    ) -> None:
+        self.broker_id = config.id
+        self.replica = config.replica
+        self.vn = vn
+        self.stats = stats
+        # The broker's current neighbours (reconfiguration changes them in place).
+        self.neighbours = neighbours
         self.manifest = Manifest.load(config.manifest) if config.manifest else None
         self.signer: Signer | None = None
         if config.key_file is not None:
@@ -61,7 +73,7 @@ class SecureForwarding:
         # (publisher, epoch) -> the share records this replica holds for that key
         self.held: OrderedDict[tuple[str, int], list[ShareRecord]] = OrderedDict()
         # (publisher, epoch) -> hops that have been sent this replica's shares
-        self.served: OrderedDict[tuple[str, int], list[Any]] = OrderedDict()
+        self.served: OrderedDict[tuple[str, int], list[Hop]] = OrderedDict()
         # (publisher, epoch) -> path -> the verifier of incoming shares along that path. An
         # epoch's shares may reach a replica along two paths when reconfiguration moves a
         # link mid-epoch; the key is the same, each set is verified on its own path.
@@ -70,10 +82,9 @@ class SecureForwarding:
         )
         # shares not verified yet (content not routed here, or their path not agreed): (record,
         # sender)
-        self.unverified: OrderedDict[tuple[str, int], list[Any]] = OrderedDict()
+        self.unverified: OrderedDict[tuple[str, int], list[tuple[ShareRecord, str]]] = OrderedDict()
         # The security block of each epoch whose content was routed here.
         self.secs: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
-        self.collude_log = config.collude_log if self.mode == "collude" else None
 
     @property
     def enabled(self) -> bool:
@@ -85,8 +96,8 @@ class SecureForwarding:
             return "this broker has no key or manifest: confidential forwarding is disabled"
         sec = msg.sec
         assert sec is not None
-        if sec["vn"] != self.broker.vn:
-            return f"sec.vn is {sec['vn']!r} but this broker belongs to {self.broker.vn!r}"
+        if sec["vn"] != self.vn:
+            return f"sec.vn is {sec['vn']!r} but this broker belongs to {self.vn!r}"
         if sec["epoch"] > msg.seq:
             return f"epoch {sec['epoch']} starts after the publication itself"
         if not signature_valid(publisher, msg.seq, msg.attrs, msg.payload, sec):
@@ -101,13 +112,35 @@ class SecureForwarding:
             return f"malformed key share: {exc}"
         if record.pub_id != publication_id(publisher, msg.seq):
             return "the key share belongs to another publication"
-        if record.lineage != (self.broker.config.replica,):
-            return f"share {record.lineage} is not for replica {self.broker.config.replica}"
+        if record.lineage != (self.replica,):
+            return f"share {record.lineage} is not for replica {self.replica}"
         return None
 
+    def content_valid(
+        self,
+        publisher: str,
+        seq: int,
+        attrs: Any,
+        payload: bytes,
+        sec: dict[str, Any],
+        sender: str | None,
+    ) -> bool:
+        """Whether a forwarded confidential publication carries its publisher's valid
+        signature; a copy that does not is counted and discarded."""
+        if signature_valid(publisher, seq, attrs, payload, sec):
+            return True
+        self.stats.bad_signatures += 1
+        log.warning(
+            "discarding %s/%d from %s: publisher signature does not verify",
+            publisher,
+            seq,
+            sender,
+        )
+        return False
+
     def _remember(
-        self, table: OrderedDict[tuple[str, int], list[Any]], key: tuple[str, int]
-    ) -> list[Any]:
+        self, table: OrderedDict[tuple[str, int], list[T]], key: tuple[str, int]
+    ) -> list[T]:
         entry = table.get(key)
         if entry is None:
             entry = table[key] = []
@@ -116,10 +149,10 @@ class SecureForwarding:
         return entry
 
     def routed(
-        self, publisher: str, epoch: int, targets: dict[Any, list[str]], sec: dict[str, Any]
+        self, publisher: str, epoch: int, targets: Iterable[Hop], sec: dict[str, Any]
     ) -> None:
         """A publication of ``epoch`` went to ``targets``: serve the hops new to the epoch."""
-        if self.mode == "drop" or not self.enabled:
+        if not self.enabled:
             return
         key = (publisher, epoch)
         if key not in self.secs:
@@ -135,28 +168,30 @@ class SecureForwarding:
                 for record in held:
                     self._send(hop, publisher, epoch, record)
 
-    def share_arrived(self, publisher: str, epoch: int, raw: bytes, source: Any = None) -> None:
-        """This replica now holds one more share of an epoch's key: pass it on."""
-        stats = self.broker.stats
+    def share_arrived(
+        self, publisher: str, epoch: int, raw: bytes, sender: str | None = None
+    ) -> None:
+        """This replica now holds one more share of an epoch's key (from ``sender``, or
+        from the publisher itself): pass it on."""
+        stats = self.stats
         stats.shares_in += 1
-        if self.mode == "drop" or not self.enabled:
+        if not self.enabled:
             return
         try:
             record = unpack_record(raw)
         except PropagationError as exc:
             stats.bad_shares += 1
-            log.warning("malformed share of %s/%d from %s: %s", publisher, epoch, source, exc)
+            log.warning("malformed share of %s/%d from %s: %s", publisher, epoch, sender, exc)
             return
         if record.pub_id != publication_id(publisher, epoch):
             stats.bad_shares += 1
             log.warning(
-                "share for %r arrived as %s/%d from %s", record.pub_id, publisher, epoch, source
+                "share for %r arrived as %s/%d from %s", record.pub_id, publisher, epoch, sender
             )
             return
-        if self.collude_log is not None:
-            self._record_collusion(raw)
         key = (publisher, epoch)
-        sender = publisher if source is None else source.peer_id
+        if sender is None:
+            sender = publisher
         sec = self.secs.get(key)
         path = None if sec is None else self._claim(key, sec, record, sender)
         inbox = self.inboxes.get(key, {}).get(path) if path is not None else None
@@ -171,7 +206,7 @@ class SecureForwarding:
     ) -> tuple[str, ...] | None:
         """The path ``record`` claims; None, and its sender blamed, when it cannot be one."""
         assert self.manifest is not None
-        path = claimed_path(self.manifest, sec, record, self.broker.vn)
+        path = claimed_path(self.manifest, sec, record, self.vn)
         if path is None:
             self._blame(key, sender, "claims no possible path")
         return path
@@ -191,14 +226,12 @@ class SecureForwarding:
                 self.inboxes.popitem(last=False)
         vote = PathVote()
         for record, sender in pending:
-            chosen = vote.offer(self.manifest, sec, record, sender, self.broker.vn)
+            chosen = vote.offer(self.manifest, sec, record, sender, self.vn)
             if chosen is None or chosen in opened:
                 continue
             try:
                 view = path_view(self.manifest, key[0], sec, chosen)
-                opened[chosen] = ShareInbox(
-                    view, publication_id(*key), view.depth, self.broker.config.replica
-                )
+                opened[chosen] = ShareInbox(view, publication_id(*key), view.depth, self.replica)
             except (PropagationError, KeyError) as exc:
                 log.warning("cannot verify shares of %s/%d: %s", key[0], key[1], exc)
         waiting = []
@@ -212,7 +245,7 @@ class SecureForwarding:
             self.unverified[key] = waiting
 
     def _blame(self, key: tuple[str, int], broker: str, detail: str) -> None:
-        stats = self.broker.stats
+        stats = self.stats
         stats.bad_shares += 1
         stats.blamed[broker] = stats.blamed.get(broker, 0) + 1
         log.warning("share of %s/%d rejected: %s: %s", key[0], key[1], broker, detail)
@@ -230,46 +263,35 @@ class SecureForwarding:
         for hop in self.served.get(key, ()):
             self._send(hop, key[0], key[1], record)
 
-    def _send(self, hop: Any, publisher: str, epoch: int, record: ShareRecord) -> None:
+    def _send(self, hop: Hop, publisher: str, epoch: int, record: ShareRecord) -> None:
         if hop.closing:
             return
-        if hop.is_broker:
+        if isinstance(hop, VNHop):
             self._split_toward(hop, publisher, epoch, record)
         elif hop.congested:
             # The slow-consumer policy covers key shares too (the delivery was dropped).
-            self.broker.stats.deliveries_dropped += 1
+            self.stats.deliveries_dropped += 1
         else:
             hop.send(Share(publisher, epoch, pack_record(record)))
-            self.broker.stats.shares_delivered += 1
+            self.stats.shares_delivered += 1
 
-    def _split_toward(self, hop: Any, publisher: str, seq: int, record: ShareRecord) -> None:
-        assert self.signer is not None
-        r = hop.size
-        subs = resplit(record, threshold_for(r), r, self.signer)
-        self.broker.stats.shares_split += 1
-        if self.mode == "equivocate":
-            # Two different splits of the same share, half the replicas get each.
-            other = resplit(record, threshold_for(r), r, self.signer)
-            subs = [other[j] if j % 2 else subs[j] for j in range(r)]
-        neighbours = self.broker.neighbours
+    def _split_toward(self, hop: VNHop, publisher: str, seq: int, record: ShareRecord) -> None:
+        subs = self.split(record, hop.size)
+        self.stats.shares_split += 1
         for broker_id, conn in hop.members.items():
             if conn.closing:
                 continue
-            j = neighbours[broker_id].replica
-            sub = subs[j]
-            if self.mode == "corrupt":
-                sub = replace(sub, data=bytes(b ^ 0xA5 for b in sub.data))
-            elif self.mode == "collude":
-                # The seed's attack: every sub-share to a single receiver, replica 0.
-                if j != 0:
-                    continue
-                for leaked in subs:
-                    conn.send(Share(publisher, seq, pack_record(leaked)))
-                continue
-            conn.send(Share(publisher, seq, pack_record(sub)))
-            self.broker.stats.shares_forwarded += 1
+            for sub in self.recipients_of(subs, self.neighbours[broker_id].replica):
+                conn.send(Share(publisher, seq, pack_record(sub)))
+                self.stats.shares_forwarded += 1
 
-    def _record_collusion(self, raw: bytes) -> None:
-        assert self.collude_log is not None
-        with self.collude_log.open("a", encoding="utf-8") as out:
-            out.write(json.dumps({"broker": self.broker.config.id, "record": raw.hex()}) + "\n")
+    # -- hooks (wrapped by broker.daemon.faults on a Byzantine test broker) -----------------
+
+    def split(self, record: ShareRecord, r: int) -> list[ShareRecord]:
+        """Re-split one held share for a next-hop VN of ``r`` replicas; item j is replica j's."""
+        assert self.signer is not None
+        return resplit(record, threshold_for(r), r, self.signer)
+
+    def recipients_of(self, subs: list[ShareRecord], replica: int) -> list[ShareRecord]:
+        """The sub-shares replica ``replica`` of the next-hop VN is sent: its own."""
+        return [subs[replica]]

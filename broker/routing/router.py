@@ -36,8 +36,11 @@ from broker.wire.protocol import Advertise, Message, Subscribe, Unadvertise, Uns
 
 
 class HopLike(Hashable, Protocol):
-    is_broker: bool
-    peer_id: str | None
+    @property
+    def is_broker(self) -> bool: ...
+
+    @property
+    def peer_id(self) -> str | None: ...
 
 
 H = TypeVar("H", bound=HopLike)

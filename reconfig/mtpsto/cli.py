@@ -22,7 +22,7 @@ __all__ = ["SOLVERS", "add_pst_parser", "cmd_generate", "cmd_solve"]
 SOLVERS = ("exact", "tabu", "tabu-direct", "tm", "spt")
 
 
-def add_pst_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_pst_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``pst solve`` and ``pst generate`` on the top-level subparsers."""
     pst = subparsers.add_parser("pst", help="most trusted publish/subscribe trees (MTPSTO)")
     sub = pst.add_subparsers(dest="pst_command", required=True)

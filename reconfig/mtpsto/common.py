@@ -1,4 +1,4 @@
-"""What every MTPSTO solver returns, and the pruning helpers they share."""
+"""What every MTPSTO solver returns, and the reachability and pruning helpers they share."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from overlay.pst import PST, Evaluation, Instance, evaluate
 
-__all__ = ["Solution", "prune_router_leaves", "solution_to_dict"]
+__all__ = ["Solution", "prune_router_leaves", "reachable", "solution_to_dict"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,19 @@ class Solution:
     proven_optimal: bool
     seconds: float
     stats: Mapping[str, Any] = field(default_factory=dict)
+
+
+def reachable(inst: Instance) -> bool:
+    """Whether every subscriber is connected to the publisher (else no PST exists)."""
+    seen = {inst.publisher}
+    stack = [inst.publisher]
+    while stack:
+        u = stack.pop()
+        for v in inst.adj[u]:
+            if v not in seen:
+                seen.add(v)
+                stack.append(v)
+    return all(s in seen for s in inst.subscribers)
 
 
 def prune_router_leaves(inst: Instance, parent: dict[int, int]) -> dict[int, int]:

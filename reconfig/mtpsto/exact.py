@@ -37,10 +37,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from overlay.pst import PST, Evaluation, Instance, better, check_pst, evaluate
-from reconfig.mtpsto.common import Solution
+from reconfig.mtpsto.common import Solution, reachable
+from reconfig.mtpsto.heuristics import spt_tree, tm_tree
 from security.trust import leximin_owa, most_trusted_paths
 
-__all__ = ["enumerate_psts", "reachable", "solve_bruteforce", "solve_exact"]
+__all__ = ["enumerate_psts", "solve_bruteforce", "solve_exact"]
 
 _INFLATE = 1.0 + 1e-12
 
@@ -58,19 +59,6 @@ class _State:
 
 class _TimeUp(Exception):
     pass
-
-
-def reachable(inst: Instance) -> bool:
-    """Whether every subscriber is connected to the publisher (else no PST exists)."""
-    seen = {inst.publisher}
-    stack = [inst.publisher]
-    while stack:
-        u = stack.pop()
-        for v in inst.adj[u]:
-            if v not in seen:
-                seen.add(v)
-                stack.append(v)
-    return all(s in seen for s in inst.subscribers)
 
 
 class _Search:
@@ -402,8 +390,6 @@ def solve_exact(
         search.offer(warm_start[0], evaluate(inst, warm_start[0]))
     if warm:
         # Cheap constructive trees give the bound something to prune against from the start.
-        from reconfig.mtpsto.heuristics import spt_tree, tm_tree
-
         for build in (spt_tree, tm_tree):
             tree = build(inst)
             if tree is not None:
@@ -479,5 +465,7 @@ def solve_bruteforce(inst: Instance) -> Solution:
         ev = evaluate(inst, tree)
         if ev.within_budget and (best is None or better(ev, best[1])):
             best = (tree, ev)
-    tree, ev = best if best is not None else (None, None)
-    return Solution("bruteforce", tree, ev, True, time.monotonic() - start, {"trees": count})
+    best_tree, best_ev = best if best is not None else (None, None)
+    return Solution(
+        "bruteforce", best_tree, best_ev, True, time.monotonic() - start, {"trees": count}
+    )

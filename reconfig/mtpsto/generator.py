@@ -172,8 +172,8 @@ def klemm_eguiluz_graph(
                 edges.add(e)
                 deg[target] += 1
                 deg[new] += 1
-        weights = [1.0 / max(1, deg[a]) for a in active]
-        active.pop(rng.choices(range(len(active)), weights=weights)[0])
+        leave = [1.0 / max(1, deg[a]) for a in active]
+        active.pop(rng.choices(range(len(active)), weights=leave)[0])
         active.append(new)
     return edges
 

@@ -12,11 +12,11 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from functools import partial
 
 from overlay.pst import PST, Instance, evaluate
-from reconfig.mtpsto.common import Solution, prune_router_leaves
-from reconfig.mtpsto.exact import reachable
+from reconfig.mtpsto.common import Solution, prune_router_leaves, reachable
 from security.trust import most_trusted_paths
 
 __all__ = ["cheap_tree", "solve_spt", "solve_tm", "spt_tree", "tm_tree"]
@@ -26,6 +26,14 @@ _TINY = 1e-300
 
 def _cost(t: float) -> float:
     return -math.log(max(t, _TINY))
+
+
+def _tm_weight(tau_p: Mapping[int, float], tau_s: Mapping[int, float], v: int) -> float:
+    return _cost(tau_p[v] * tau_s[v])
+
+
+def _cheap_weight(inst: Instance, bit: int, tau_s: Mapping[int, float], v: int) -> float:
+    return inst.term(v, bit) + 1e-6 * _cost(tau_s[v])
 
 
 def spt_tree(inst: Instance) -> PST | None:
@@ -99,8 +107,7 @@ def tm_tree(inst: Instance) -> PST | None:
     while left:
         best: tuple[float, int, list[int]] | None = None
         for s in sorted(left):
-            tau_s = inst.tau[s]
-            found = _path_to_tree(inst, s, in_tree, lambda v, ts=tau_s: _cost(tau_p[v] * ts[v]))
+            found = _path_to_tree(inst, s, in_tree, partial(_tm_weight, tau_p, inst.tau[s]))
             if found is None:
                 continue
             cost, path = found
@@ -132,13 +139,8 @@ def cheap_tree(inst: Instance) -> PST | None:
         best: tuple[float, int, list[int]] | None = None
         for s in sorted(left):
             bit = inst.sub_bit[s]
-            tau_s = inst.tau[s]
-            found = _path_to_tree(
-                inst,
-                s,
-                set(below),
-                lambda v, b=bit, ts=tau_s: inst.term(v, b) + 1e-6 * _cost(ts[v]),
-            )
+            weight = partial(_cheap_weight, inst, bit, inst.tau[s])
+            found = _path_to_tree(inst, s, set(below), weight)
             if found is None:
                 continue
             cost, path = found

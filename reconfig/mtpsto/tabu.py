@@ -30,12 +30,14 @@ from dataclasses import dataclass
 import networkx as nx
 
 from overlay.pst import PST, Evaluation, Instance, better, evaluate
-from reconfig.mtpsto.common import Solution, prune_router_leaves
-from reconfig.mtpsto.exact import reachable
+from reconfig.mtpsto.common import Solution, prune_router_leaves, reachable
 from reconfig.mtpsto.heuristics import cheap_tree, spt_tree, tm_tree
 from security.trust import most_trusted_paths
 
 __all__ = ["solve_tabu_direct", "solve_tabu_seed"]
+
+#: How the seed's search ranks a scored tree against the budget (higher is better).
+_Key = Callable[[Evaluation, float], tuple[float, float]]
 
 
 @dataclass
@@ -55,7 +57,7 @@ def _static(ev: Evaluation, budget: float) -> tuple[float, float]:
     return (ev.trust if ev.within_budget else ev.trust / 2.0, -ev.overhead)
 
 
-def _nft_factory(nft: float) -> Callable[[Evaluation, float], tuple[float, float]]:
+def _nft_factory(nft: float) -> _Key:
     """NFT penalty: trust shrinks with the squared excess over the budget, measured in units
     of the near-feasibility threshold (a fraction of B), reaching zero at one threshold."""
 
@@ -72,11 +74,11 @@ def _nft_factory(nft: float) -> Callable[[Evaluation, float], tuple[float, float
 
 
 def _select_pst(
-    inst: Instance, routers: frozenset[int], max_trees: int, key: Callable
+    inst: Instance, routers: frozenset[int], max_trees: int, key: _Key
 ) -> tuple[PST, Evaluation] | None:
     nodes = [inst.publisher, *inst.subscribers, *sorted(routers)]
     keep = set(nodes)
-    graph = nx.Graph()
+    graph: nx.Graph[int] = nx.Graph()
     graph.add_nodes_from(nodes)
     tau_p = inst.tau[inst.publisher]
     for u in nodes:
@@ -87,8 +89,10 @@ def _select_pst(
     if not nx.is_connected(graph):
         return None
     best: tuple[PST, Evaluation] | None = None
-    best_key = None
-    for i, span in enumerate(nx.SpanningTreeIterator(graph)):
+    best_key: tuple[float, float] | None = None
+    # types-networkx types G as a DiGraph, but the iterator walks undirected spanning trees.
+    spans = nx.SpanningTreeIterator(graph)  # type: ignore[arg-type]
+    for i, span in enumerate(spans):
         if i >= max_trees:
             break
         parent = dict(nx.bfs_predecessors(span, inst.publisher))
@@ -249,14 +253,14 @@ def _neighbours(
         children = kids.get(u, [])
         if len(children) < 2:
             continue
-        cands = []
+        hubs: list[tuple[int, float, int, list[int]]] = []
         for w in outside:
             if u in inst.adj[w]:
                 moved = [c for c in children if c in inst.adj[w]]
                 if len(moved) >= 2:
-                    cands.append((-len(moved), -tau_p[w], w, moved))
-        cands.sort()
-        for _, _, w, moved in cands[:k_router]:
+                    hubs.append((-len(moved), -tau_p[w], w, moved))
+        hubs.sort()
+        for _, _, w, moved in hubs[:k_router]:
             new = dict(parent)
             new[w] = u
             for c in moved:
@@ -354,8 +358,11 @@ def solve_tabu_direct(
             choice: tuple[Evaluation, PST, tuple[str, int]] | None = None
             over = not cur_ev.within_budget
             for attr, parent in _neighbours(inst, dict(current.parent), k_router, over):
-                late = time_limit is not None and not scored % 64
-                if late and time.monotonic() - start > time_limit:  # type: ignore[operator]
+                if (
+                    time_limit is not None
+                    and not scored % 64
+                    and time.monotonic() - start > time_limit
+                ):
                     timed_out = True
                     break
                 sig = frozenset(parent.items())

@@ -1,0 +1,806 @@
+"""The daemon's core: connections, the frames they carry, and the broker's shared state.
+
+Connections are ``asyncio.Protocol`` objects: every frame is handled synchronously in
+``data_received`` and replies are gathered per connection and flushed once per read, so a
+burst of publications costs one ``write`` per receiving connection, not one per message.
+A :class:`Connection` dispatches each frame by the role its handshake gave it (client,
+broker link, control connection); the :class:`Broker` holds what they share and hands
+each job to the module that holds it: routing decisions to :mod:`broker.routing.router`,
+publications to :mod:`broker.daemon.forwarding`, key shares to
+:mod:`broker.daemon.shares`, topology knowledge to :mod:`broker.daemon.links`, live
+reconfiguration to :mod:`broker.daemon.reconfig_agent`.
+
+Back-pressure policy (documented in the README):
+
+* A publisher is never slowed by a slow subscriber. Each client connection has a bounded
+  send buffer (``send_buffer_limit``); while it is over the limit the broker drops
+  deliveries to that connection, counts them per subscription, and once the buffer drains
+  sends a ``NOTICE dropped`` frame with the counts (the SDK raises ``SlowConsumerError``).
+* Publications between brokers are never dropped. While a link to a neighbour broker is
+  over its limit, the broker stops reading from its local clients, so TCP flow control
+  pushes back on the publishers at the edge.
+* There is no unbounded queue inside the broker: work is done as frames are read.
+
+Overlay links: each broker lists its neighbours; the one with the smaller id dials, the
+other accepts only configured neighbours and refuses a link that would close a cycle in
+the topology it knows from link-state announcements (``LINKSTATE``, flooded on change).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, cast
+
+from broker.daemon.config import BrokerConfig, NeighbourConfig, vn_of
+from broker.daemon.faults import build_forwarding
+from broker.daemon.hops import Hop, VNHop
+from broker.daemon.links import LinkStates, load_saved_links, save_links
+from broker.daemon.reconfig_agent import ReconfigAgent, Tables
+from broker.daemon.stats import BrokerStats
+from broker.routing.filters import Filter
+from broker.routing.router import Owned, Router
+from broker.wire.protocol import (
+    PROTOCOL_VERSION,
+    Ack,
+    Advertise,
+    Error,
+    Forward,
+    FrameDecoder,
+    Hello,
+    LinkState,
+    Message,
+    Notice,
+    Ping,
+    Pong,
+    Publish,
+    Reconf,
+    Role,
+    Share,
+    Subscribe,
+    Unadvertise,
+    Unsubscribe,
+    Welcome,
+    encode,
+    error_for,
+)
+from reconfig.live import Reply, RoundStats
+from security.errors import InvalidRequest, NotAuthorized, ProtocolError, TrellisError
+
+log = logging.getLogger("trellis.broker")
+proto_log = logging.getLogger("trellis.protocol")
+link_log = logging.getLogger("trellis.overlay")
+
+Actions = list[tuple[Hop, Message]]
+
+# Heartbeats are not counted as control traffic (tests wait for control traffic to settle).
+_HEARTBEATS = (Ping, Pong)
+_REMOVALS = {"adv": ("UNADVERTISE", "advertisement"), "sub": ("UNSUBSCRIBE", "subscription")}
+
+
+class UnknownState(InvalidRequest):
+    """A neighbour referred to routing state this broker does not hold."""
+
+    code = "unknown_state"
+
+
+class Connection(asyncio.Protocol):
+    """One TCP connection: a local client, or a link to a neighbour broker."""
+
+    def __init__(self, broker: Broker, dial_peer: str | None = None) -> None:
+        self.broker = broker
+        self.decoder = FrameDecoder(broker.config.max_frame)
+        self.transport: asyncio.Transport | None = None
+        self.peer_id: str | None = None
+        self.is_broker = dial_peer is not None
+        self.dial_peer = dial_peer
+        self.vnhop: VNHop | None = None
+        # A control connection carries live-reconfiguration requests, not routing.
+        self.control = False
+        self.peer = "?"
+        self.out: list[bytes] = []
+        self.congested = False
+        self.dropped: dict[str, int] = {}
+        self.closing = False
+        self.last_seen = time.monotonic()
+        self.opened = self.last_seen
+        loop = asyncio.get_running_loop()
+        self.closed: asyncio.Future[None] = loop.create_future()
+        self.handshake: asyncio.Future[None] = loop.create_future()
+
+    def __repr__(self) -> str:
+        kind = "broker" if self.is_broker else "client"
+        return f"<{kind} {self.peer_id or '?'} {self.peer}>"
+
+    # -- asyncio.Protocol -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
+        limit = self.broker.config.send_buffer_limit
+        self.transport.set_write_buffer_limits(high=limit, low=limit // 2)
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.broker.connections.add(self)
+        self.broker.stats.connections_opened += 1
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        self.last_seen = time.monotonic()
+        try:
+            for msg in self.decoder.feed(data):
+                self.handle(msg)
+        except TrellisError as exc:
+            self.fail(exc)
+        except Exception as exc:  # a bug must cost one connection, never the broker
+            log.exception("internal error on %r", self)
+            self.fail(exc)
+        finally:
+            self.broker.flush()
+
+    def eof_received(self) -> bool:
+        try:
+            self.decoder.check_eof()
+        except ProtocolError as exc:
+            self.fail(exc)
+            self.broker.flush()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        if not self.handshake.done():
+            self.handshake.set_exception(ProtocolError(f"connection closed ({exc or 'EOF'})"))
+            self.handshake.exception()  # retrieved: the dialer may have given up waiting
+        self.broker.connection_closed(self)
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def note_dropped(self, keys: list[str]) -> None:
+        for key in keys:
+            self.dropped[key] = self.dropped.get(key, 0) + 1
+
+    def pause_writing(self) -> None:
+        self.congested = True
+        self.broker.stats.congestion_events += 1
+        if self.is_broker:
+            self.broker.link_congested(self, True)
+
+    def resume_writing(self) -> None:
+        self.congested = False
+        if self.is_broker:
+            self.broker.link_congested(self, False)
+        if self.dropped:
+            dropped, self.dropped = self.dropped, {}
+            self.send(Notice("dropped", {"subscriptions": dropped}))
+            self.broker.flush()
+
+    # -- sending --------------------------------------------------------------------------
+
+    def send(self, msg: Message) -> None:
+        self.send_raw(encode(msg))
+
+    def send_raw(self, data: bytes) -> None:
+        if not self.out:
+            self.broker.dirty.append(self)
+        self.out.append(data)
+
+    def flush(self) -> None:
+        if self.out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(self.out) if len(self.out) > 1 else self.out[0])
+        self.out.clear()
+
+    def fail(self, exc: Exception, rid: int = 0) -> None:
+        """Report ``exc`` in an ERROR frame and close this connection only."""
+        err = error_for(exc, rid)
+        proto_log.warning("closing %r: %s: %s", self, err.code, err.message)
+        self.broker.stats.protocol_errors += 1
+        self.send(err)
+        self.close()
+
+    def close(self) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        self.flush()
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- frames ---------------------------------------------------------------------------
+
+    def handle(self, msg: Message) -> None:
+        if type(msg) is Publish and not self.is_broker and self.peer_id is not None:
+            self.broker.publish(self, msg)
+        elif self.peer_id is None:
+            self.handshake_step(msg)
+        elif self.control:
+            self.handle_control(msg)
+        elif self.is_broker:
+            self.handle_broker(msg)
+        else:
+            self.handle_client(msg)
+
+    def handshake_step(self, msg: Message) -> None:
+        name = type(msg).__name__.upper()
+        if self.dial_peer is not None:
+            if type(msg) is Welcome:
+                self.broker.link_welcomed(self, msg)
+            elif type(msg) is Error:
+                raise ProtocolError(f"broker {self.dial_peer} refused the link: {msg.message}")
+            else:
+                raise ProtocolError(f"{name} before WELCOME on a broker link")
+        elif type(msg) is Hello:
+            self.broker.hello(self, msg)
+        else:
+            raise ProtocolError(f"{name} before HELLO: the first frame must be HELLO")
+
+    def handle_client(self, msg: Message) -> None:
+        broker = self.broker
+        router = broker.router
+        if type(msg) is Publish:
+            broker.publish(self, msg)
+            return
+        if type(msg) not in _HEARTBEATS:
+            broker.stats.count_in(type(msg).__name__.lower())
+        match msg:
+            case Subscribe(rid, sub_id, flt):
+                broker.execute(router.subscribe(self, sub_id, flt))
+                self.ack(rid)
+            case Unsubscribe(rid, sub_id):
+                if router.knows_subscription(self, sub_id):
+                    broker.execute(router.unsubscribe(self, sub_id))
+                    self.ack(rid)
+                else:
+                    self.reject(rid, InvalidRequest(f"UNSUBSCRIBE: no subscription '{sub_id}'"))
+            case Advertise(rid, adv_id, flt):
+                broker.execute(router.advertise(self, adv_id, flt))
+                self.ack(rid)
+            case Unadvertise(rid, adv_id):
+                if router.knows_advertisement(self, adv_id):
+                    broker.execute(router.unadvertise(self, adv_id))
+                    self.ack(rid)
+                else:
+                    self.reject(rid, InvalidRequest(f"UNADVERTISE: no advertisement '{adv_id}'"))
+            case Ping(token):
+                self.send(Pong(token))
+            case Pong():
+                pass
+            case Hello():
+                raise ProtocolError("HELLO received twice on one connection")
+            case _:
+                raise ProtocolError(
+                    f"{type(msg).__name__.upper()} is not a message a client may send"
+                )
+
+    def handle_control(self, msg: Message) -> None:
+        match msg:
+            case Reconf(op, data):
+                self.broker.reconfig.control_request(op, data, self.answer_step)
+            case Ping(token):
+                self.send(Pong(token))
+            case Pong():
+                pass
+            case _:
+                raise ProtocolError(
+                    f"{type(msg).__name__.upper()} is not valid on a control connection"
+                )
+
+    def handle_broker(self, msg: Message) -> None:
+        broker = self.broker
+        router = broker.router
+        hop = self.vnhop
+        assert hop is not None
+        if type(msg) is Forward:
+            broker.forwarder.forward(hop, self.peer_id, msg)
+            return
+        if type(msg) is Share:
+            broker.shares.share_arrived(msg.publisher, msg.seq, msg.record, self.peer_id)
+            return
+        if type(msg) not in _HEARTBEATS:
+            broker.stats.count_in("link_" + type(msg).__name__.lower())
+        assert self.peer_id is not None
+        match msg:
+            case Advertise(_, key, flt):
+                self.vote_to_add(hop, "adv", key, flt, router.advertise)
+            case Unadvertise(_, key):
+                known = router.knows_advertisement(hop, key)
+                self.vote_to_remove(hop, "adv", key, known, router.unadvertise)
+            case Subscribe(_, key, flt):
+                self.vote_to_add(hop, "sub", key, flt, router.subscribe)
+            case Unsubscribe(_, key):
+                known = router.knows_subscription(hop, key)
+                self.vote_to_remove(hop, "sub", key, known, router.unsubscribe)
+            case LinkState():
+                broker.linkstate_received(self, msg)
+            case Reconf(op, data):
+                if op != "marker":
+                    raise ProtocolError(f"RECONF {op} is not valid on a broker link")
+                broker.reconfig.marker(self.peer_id, data)
+            case Ping(token):
+                self.send(Pong(token))
+            case Pong():
+                pass
+            case Error(_, code, message):
+                link_log.warning("broker %s reports %s: %s", self.peer_id, code, message)
+            case _:
+                raise ProtocolError(f"{type(msg).__name__.upper()} is not valid on a broker link")
+
+    def vote_to_add(
+        self,
+        hop: VNHop,
+        kind: str,
+        key: str,
+        flt: Filter,
+        apply: Callable[[VNHop, str, Filter], Actions],
+    ) -> None:
+        """Count this replica's vote for a routing entry; apply it at the VN's majority."""
+        assert self.peer_id is not None
+        if hop.vote(self.peer_id, (kind, key, flt)):
+            hop.forget("un" + kind, key)
+            self.broker.execute(apply(hop, key, flt))
+
+    def vote_to_remove(
+        self, hop: VNHop, kind: str, key: str, known: bool, apply: Callable[[VNHop, str], Actions]
+    ) -> None:
+        """Count a vote to remove an entry; refuse removals of state nobody announced."""
+        assert self.peer_id is not None
+        removal = "un" + kind
+        if hop.has_votes(removal, key):
+            hop.vote(self.peer_id, (removal, key))  # a late replica's copy of an applied removal
+        elif not known and not hop.has_votes(kind, key):
+            message, what = _REMOVALS[kind]
+            self.reject(0, UnknownState(f"{message} of unknown {what} '{key}'"))
+        elif hop.vote(self.peer_id, (removal, key)):
+            hop.forget(kind, key)
+            self.broker.execute(apply(hop, key))
+
+    def answer_step(self, reply: Reply) -> None:
+        """Answer a reconfiguration step on this control connection."""
+        if not self.closing:
+            self.send(Reconf("reply", reply.to_data()))
+            self.broker.flush()
+
+    def ack(self, rid: int) -> None:
+        if rid:
+            self.send(Ack(rid))
+
+    def reject(self, rid: int, exc: TrellisError) -> None:
+        """Refuse one request but keep the connection: the frame itself was valid."""
+        self.broker.stats.requests_rejected += 1
+        proto_log.info("rejected a request from %r: %s", self, exc.message)
+        self.send(Error(rid, exc.code, exc.message))
+
+
+class Broker:
+    """Shared state of one broker: routing, connections, overlay links, statistics."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.vn = vn_of(config)
+        self.router: Router[Hop] = Router(self.vn, covering=config.covering)
+        self.connections: set[Connection] = set()
+        self.clients: dict[str, Connection] = {}
+        self.links: dict[str, Connection] = {}
+        self.directory: dict[str, NeighbourConfig] = {
+            **{n.id: n for n in config.peers},
+            **{n.id: n for n in config.neighbours},
+        }
+        # Current neighbours; reconfiguration changes them, within the directory of peers.
+        saved = load_saved_links(
+            config.links_file, [n.id for n in config.neighbours], self.directory
+        )
+        self.neighbours: dict[str, NeighbourConfig] = {peer: self.directory[peer] for peer in saved}
+        self.vnhops: dict[str, VNHop] = {}
+        for n in self.neighbours.values():
+            self.vnhop_for(n)
+        # VNs linked for a reconfiguration in progress, not yet part of routing.
+        self.standby_vns: set[str] = set()
+        self.dialers: dict[str, asyncio.Task[None]] = {}
+        self.frozen = False
+        self.frozen_hood: set[str] = set()
+        self.paused: list[Connection] = []
+        self.linkstates = LinkStates(config.id, self.vn)
+        self.congested_links: set[Connection] = set()
+        self.dirty: list[Connection] = []
+        self.stats = BrokerStats()
+        self.forwarder = build_forwarding(config, self.vn, self.router, self.stats, self.neighbours)
+        self.shares = self.forwarder.shares
+        self.reconfig = ReconfigAgent(self, config.reconfig)
+
+    def save_links(self) -> None:
+        """Record the current neighbours in ``links_file`` (blocking: call off the loop)."""
+        save_links(self.config.links_file, list(self.neighbours))
+
+    def vnhop_for(self, neighbour: NeighbourConfig) -> VNHop:
+        """The router hop of ``neighbour``'s VN (made on first use)."""
+        hop = self.vnhops.get(neighbour.vn_id)
+        if hop is None:
+            hop = self.vnhops[neighbour.vn_id] = VNHop(neighbour.vn_id, neighbour.vn_size)
+        return hop
+
+    # -- what live reconfiguration and the admin endpoint see (narrow protocols) ----------
+
+    @property
+    def broker_id(self) -> str:
+        return self.config.id
+
+    @property
+    def replica(self) -> int:
+        return self.config.replica
+
+    @property
+    def covering(self) -> bool:
+        return self.config.covering
+
+    def neighbour_vns(self) -> list[str]:
+        return sorted(str(h.peer_id) for h in self.router.neighbours if h.is_broker and h.peer_id)
+
+    def link_ids(self) -> Collection[str]:
+        return self.links.keys()
+
+    def standby(self) -> Collection[str]:
+        return self.standby_vns
+
+    def traffic_classes(self) -> Mapping[tuple[Hop, ...], int]:
+        return self.forwarder.traffic
+
+    def start_traffic_window(self) -> None:
+        self.forwarder.start_window()
+
+    def owned_entries(self) -> tuple[Owned, Owned]:
+        return self.router.owned_entries(self.vn)
+
+    def accept_standby(self, vns: set[str]) -> None:
+        self.standby_vns |= vns
+        for peer in self.directory.values():
+            if peer.vn_id in vns:
+                self.neighbours[peer.id] = peer
+                self.vnhop_for(peer)
+
+    def end_standby(self, vns: set[str]) -> None:
+        self.standby_vns -= vns
+
+    def dial(self, peers: Sequence[NeighbourConfig]) -> None:
+        for peer in peers:
+            self.start_dialer(peer)
+
+    def send_on_link(self, peer_id: str, msg: Message) -> None:
+        conn = self.links.get(peer_id)
+        if conn is not None:
+            conn.send(msg)
+
+    def install_hood(
+        self, hood: set[str], neighbours: set[str], held: Tables, sent: dict[str, dict[str, Filter]]
+    ) -> None:
+        hops = {vn: self.vnhops[vn] for vn in neighbours}
+        for hop in hops.values():
+            hop.forget()
+        actions: Actions = list(self.router.install_hood(hood, hops, held, sent))
+        self.execute(actions)
+
+    def counters(self) -> dict[str, int]:
+        s = self.stats
+        return {
+            "routed": s.routed,
+            "forwarded": sum(s.forwarded.values()),
+            "published": s.publications_in,
+            "delivered": s.deliveries,
+        }
+
+    @property
+    def round_stats(self) -> RoundStats:
+        return self.reconfig.stats
+
+    def reconfig_state(self) -> dict[str, Any]:
+        return self.reconfig.describe()
+
+    def table_sizes(self) -> tuple[int, int]:
+        return self.router.srt_size, self.router.prt_size
+
+    def connection_counts(self) -> tuple[int, int]:
+        return len(self.clients), len(self.links)
+
+    def health(self) -> dict[str, object]:
+        """The broker's state at a glance (``/healthz``)."""
+        return {
+            "status": "ok",
+            "id": self.config.id,
+            "clients": len(self.clients),
+            "links": sorted(self.links),
+            "srt": self.router.srt_size,
+            "prt": self.router.prt_size,
+            "control_in": sum(self.stats.messages_in.values()),
+            "publications_in": self.stats.publications_in,
+            "deliveries": self.stats.deliveries,
+        }
+
+    # -- handshakes -----------------------------------------------------------------------
+
+    def hello(self, conn: Connection, msg: Hello) -> None:
+        if msg.version != PROTOCOL_VERSION:
+            raise ProtocolError(
+                f"unsupported protocol version {msg.version}; this broker speaks {PROTOCOL_VERSION}"
+            )
+        if msg.role is Role.BROKER and msg.options.get("control"):
+            if msg.id not in self.directory and msg.id != self.config.id:
+                raise NotAuthorized(f"unknown broker '{msg.id}': not a peer of '{self.config.id}'")
+            conn.control = True
+            conn.peer_id = msg.id
+        elif msg.role is Role.BROKER:
+            self.accept_link(conn, msg.id)
+        else:
+            self.attach_client(conn, msg.id)
+        options = {
+            "max_frame": self.config.max_frame,
+            "vn": self.vn,
+            "replica": self.config.replica,
+            "vn_size": self.config.vn_size,
+        }
+        conn.send(Welcome(PROTOCOL_VERSION, self.config.id, options))
+        if conn.is_broker:
+            self.link_up(conn)
+
+    def attach_client(self, conn: Connection, client_id: str) -> None:
+        old = self.clients.get(client_id)
+        if old is not None and old is not conn:
+            log.info(
+                "client %s connected again from %s; closing its old session", client_id, conn.peer
+            )
+            old.fail(ProtocolError(f"client id '{client_id}' connected again: session taken over"))
+            self.connection_closed(old)
+        conn.peer_id = client_id
+        self.clients[client_id] = conn
+        if self.frozen:
+            self.hold_back(conn)
+        log.debug("client %s connected from %s", client_id, conn.peer)
+
+    def accept_link(self, conn: Connection, peer_id: str) -> None:
+        if peer_id == self.config.id:
+            raise ProtocolError(f"a broker cannot link to itself ('{peer_id}')")
+        if peer_id not in self.neighbours:
+            raise NotAuthorized(
+                f"unknown broker '{peer_id}': not a configured neighbour of '{self.config.id}'"
+            )
+        standby = self.neighbours[peer_id].vn_id in self.standby_vns
+        cycle = [] if standby else self.linkstates.cycle_through(self.neighbours[peer_id].vn_id)
+        if cycle:
+            raise ProtocolError(
+                f"link {self.config.id}-{peer_id} would close a cycle in the overlay: "
+                + " - ".join(cycle)
+            )
+        old = self.links.get(peer_id)
+        if old is not None:
+            link_log.info("broker %s linked again; replacing its old link", peer_id)
+            old.close()
+            self.connection_closed(old)
+        conn.is_broker = True
+        conn.peer_id = peer_id
+
+    def link_welcomed(self, conn: Connection, msg: Welcome) -> None:
+        if msg.broker_id != conn.dial_peer:
+            raise ProtocolError(
+                f"expected broker '{conn.dial_peer}' at {conn.peer}, found '{msg.broker_id}'"
+            )
+        old = self.links.get(msg.broker_id)
+        if old is not None and old is not conn:
+            old.close()
+            self.connection_closed(old)
+        conn.peer_id = msg.broker_id
+        self.link_up(conn)
+        if not conn.handshake.done():
+            conn.handshake.set_result(None)
+
+    # -- links and topology ---------------------------------------------------------------
+
+    def link_up(self, conn: Connection) -> None:
+        assert conn.peer_id is not None
+        self.links[conn.peer_id] = conn
+        link_log.info("link %s-%s up (%s)", self.config.id, conn.peer_id, conn.peer)
+        for state in self.linkstates.replay():
+            conn.send(state)
+        self.announce_links()
+        if self.frozen:
+            self.hold_back(conn)
+        hop = self.vnhop_for(self.neighbours[conn.peer_id])
+        conn.vnhop = hop
+        first = not hop.members
+        hop.members[conn.peer_id] = conn
+        self.reconfig.links_changed()
+        if hop.peer_id in self.standby_vns:
+            return  # routing starts when the reconfiguration installs this link
+        if first:
+            self.execute(self.router.add_neighbour(hop))
+        else:
+            # Another replica of a VN we already route to: bring it up to date alone.
+            for entry in self.router.state_for(hop):
+                conn.send(entry)
+
+    def linked_vn(self, peer_id: str) -> str | None:
+        """The VN of a current neighbour (None once a reconfiguration removed it)."""
+        neighbour = self.neighbours.get(peer_id)
+        return neighbour.vn_id if neighbour is not None else None
+
+    def announce_links(self) -> None:
+        """Flood this broker's current neighbour set (standby links not included)."""
+        msg = self.linkstates.announce(
+            [b for b in self.links if self.linked_vn(b) not in self.standby_vns]
+        )
+        for link in self.links.values():
+            link.send(msg)
+
+    def linkstate_received(self, source: Connection, msg: LinkState) -> None:
+        if self.linkstates.learn(msg):
+            for link in self.links.values():
+                if link is not source:
+                    link.send(msg)
+
+    def link_congested(self, conn: Connection, congested: bool) -> None:
+        """Pause reading from local clients while any broker link is over its limit."""
+        before = bool(self.congested_links)
+        if congested:
+            self.congested_links.add(conn)
+        else:
+            self.congested_links.discard(conn)
+        after = bool(self.congested_links)
+        if before != after and not self.frozen:
+            for client in self.clients.values():
+                if client.transport is not None and not client.closing:
+                    if after:
+                        client.transport.pause_reading()
+                    else:
+                        client.transport.resume_reading()
+
+    def freeze(self, hood: set[str]) -> None:
+        """Stop reading from local clients and from links outside ``hood`` (TCP holds the
+        rest), so that the neighbourhood's own links can be drained."""
+        self.frozen = True
+        self.frozen_hood = hood
+        for conn in list(self.connections):
+            if conn.transport is None or conn.closing or conn.control or conn.peer_id is None:
+                continue
+            self.hold_back(conn)
+
+    def hold_back(self, conn: Connection) -> None:
+        """While frozen, pause a client or a link that leaves the neighbourhood."""
+        if conn.is_broker and self.linked_vn(conn.peer_id or "") in self.frozen_hood:
+            return
+        if conn.transport is not None:
+            conn.transport.pause_reading()
+            self.paused.append(conn)
+
+    def unfreeze(self) -> None:
+        """Read again from everything :meth:`freeze` paused (clients stay paused while a
+        broker link is congested)."""
+        self.frozen = False
+        paused, self.paused = self.paused, []
+        now = time.monotonic()
+        for conn in paused:
+            if conn.transport is None or conn.closing:
+                continue
+            conn.last_seen = now
+            if not conn.is_broker and self.congested_links:
+                continue
+            conn.transport.resume_reading()
+
+    def retire(self, vn: str) -> None:
+        """Drop neighbour VN ``vn`` after a reconfiguration removed its link: stop dialling
+        it, refuse its reconnections and close its links without withdrawing anything
+        (the router no longer routes through it)."""
+        hop = self.vnhops.get(vn)
+        for peer_id in [p for p, n in self.neighbours.items() if n.vn_id == vn]:
+            self.stop_dialer(peer_id)
+            del self.neighbours[peer_id]
+            conn = self.links.get(peer_id)
+            if conn is not None:
+                if hop is not None and hop.members.get(peer_id) is conn:
+                    del hop.members[peer_id]
+                conn.close()
+        if hop is not None:
+            hop.forget()
+
+    def start_dialer(self, neighbour: NeighbourConfig) -> None:
+        """Keep a link to ``neighbour`` open from this side (the side with the smaller id)."""
+        if self.config.id < neighbour.id and neighbour.id not in self.dialers:
+            task = asyncio.get_running_loop().create_task(self.maintain_link(neighbour))
+            self.dialers[neighbour.id] = task
+
+    def stop_dialer(self, peer_id: str) -> None:
+        task = self.dialers.pop(peer_id, None)
+        if task is not None:
+            task.cancel()
+
+    # -- routing --------------------------------------------------------------------------
+
+    def execute(self, actions: Actions) -> None:
+        """Send the control messages a routing change produced."""
+        for hop, msg in actions:
+            if not hop.closing:
+                hop.send(msg)
+
+    def connection_closed(self, conn: Connection) -> None:
+        if conn not in self.connections:
+            return
+        self.connections.discard(conn)
+        self.congested_links.discard(conn)
+        if conn.peer_id is not None:
+            if conn.is_broker and self.links.get(conn.peer_id) is conn:
+                del self.links[conn.peer_id]
+                link_log.info("link %s-%s down", self.config.id, conn.peer_id)
+                self.announce_links()
+                self.reconfig.links_changed()
+            elif not conn.is_broker and self.clients.get(conn.peer_id) is conn:
+                del self.clients[conn.peer_id]
+        hop = conn.vnhop
+        if hop is None:
+            self.execute(self.router.remove_hop(conn))
+        elif hop.members.get(conn.peer_id or "") is conn:
+            del hop.members[conn.peer_id or ""]
+            if not hop.members:
+                # The whole neighbouring VN is gone: withdraw what was learned through it.
+                hop.forget()
+                self.execute(self.router.remove_hop(hop))
+        self.flush()
+
+    def publish(self, source: Connection, msg: Publish) -> None:
+        """A local client's publication: route it, then acknowledge or refuse it."""
+        assert source.peer_id is not None
+        problem = self.forwarder.publish(source, source.peer_id, msg)
+        if problem is not None:
+            source.reject(msg.rid, problem)
+        elif msg.rid:
+            source.send(Ack(msg.rid))
+
+    def flush(self) -> None:
+        dirty = self.dirty
+        if dirty:
+            self.dirty = []
+            for conn in dirty:
+                conn.flush()
+
+    # -- background work ------------------------------------------------------------------
+
+    async def heartbeat(self) -> None:
+        """Ping quiet peers and close the ones silent for three intervals."""
+        interval = self.config.heartbeat_interval
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            paused = set(self.paused)
+            for conn in list(self.connections):
+                if conn in paused:
+                    continue  # not read during a reconfiguration freeze: its silence is ours
+                silent = now - conn.last_seen
+                if conn.peer_id is None:
+                    if now - conn.opened > self.config.hello_timeout:
+                        conn.fail(ProtocolError(f"no HELLO within {self.config.hello_timeout:g} s"))
+                elif silent > 3 * interval:
+                    conn.fail(ProtocolError(f"peer silent for {silent:.1f} s (heartbeat timeout)"))
+                elif silent > interval:
+                    conn.send(Ping(int(now)))
+            self.flush()
+
+    async def maintain_link(self, neighbour: NeighbourConfig) -> None:
+        """Keep the link to a neighbour this broker dials open, with jittered backoff."""
+        host, _, port = neighbour.endpoint.rpartition(":")
+        loop = asyncio.get_running_loop()
+        attempt = 0
+        while True:
+            try:
+                async with asyncio.timeout(self.config.hello_timeout):
+                    _, conn = await loop.create_connection(
+                        lambda: Connection(self, dial_peer=neighbour.id), host, int(port)
+                    )
+                conn.send(Hello(PROTOCOL_VERSION, Role.BROKER, self.config.id, {}))
+                self.flush()
+                async with asyncio.timeout(self.config.hello_timeout):
+                    await asyncio.shield(conn.handshake)
+                attempt = 0
+                await conn.closed
+            except (OSError, TrellisError, TimeoutError) as exc:
+                link_log.debug("link %s-%s: %s", self.config.id, neighbour.id, exc)
+            attempt += 1
+            cap = min(self.config.link_backoff_max, 0.05 * 2**attempt)
+            await asyncio.sleep(random.uniform(cap / 2, cap))

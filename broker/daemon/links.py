@@ -1,0 +1,107 @@
+"""What a broker knows of the overlay's links: link-state announcements and saved links.
+
+Every broker floods its current neighbour set (``LINKSTATE``, versioned by wall clock so a
+restarted broker's announcements supersede its earlier ones). A link counts only when both
+ends announce it, so a dead broker's stale claims do not; from those links a broker refuses
+a new link that would close a cycle in the tree of VNs (:func:`overlay.tree.path_between`).
+The neighbours a reconfiguration left are saved in ``links_file`` so a restarted broker
+rejoins the tree as it was left.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Collection, Mapping
+from pathlib import Path
+
+from broker.wire.protocol import LinkState
+from overlay.tree import path_between
+
+log = logging.getLogger("trellis.overlay")
+
+
+class LinkStates:
+    """The latest link-state announcement of every broker this one has heard of."""
+
+    def __init__(self, broker_id: str, vn: str) -> None:
+        self.broker_id = broker_id
+        self.vn = vn
+        # broker id -> (version, its VN, its live links)
+        self.states: dict[str, tuple[int, str, frozenset[str]]] = {}
+
+    def announce(self, neighbours: Collection[str]) -> LinkState:
+        """Record this broker's own neighbour set; the announcement to flood."""
+        version = max(time.time_ns(), self.states.get(self.broker_id, (0,))[0] + 1)
+        mine = frozenset(neighbours)
+        self.states[self.broker_id] = (version, self.vn, mine)
+        return LinkState(self.broker_id, self.vn, version, sorted(mine))
+
+    def learn(self, msg: LinkState) -> bool:
+        """Record another broker's announcement; True when it is news (flood it on)."""
+        known = self.states.get(msg.broker_id)
+        if msg.broker_id == self.broker_id or (known and known[0] >= msg.version):
+            return False
+        self.states[msg.broker_id] = (msg.version, msg.vn, frozenset(msg.neighbours))
+        return True
+
+    def replay(self) -> list[LinkState]:
+        """Every known announcement, for a link that just came up."""
+        return [
+            LinkState(broker_id, vn, version, sorted(neighbours))
+            for broker_id, (version, vn, neighbours) in self.states.items()
+        ]
+
+    def vn_edges(self) -> set[frozenset[str]]:
+        """VN links whose replicas both announce them (the overlay is a tree of VNs,
+        replicas of neighbouring VNs all linked)."""
+        edges = set()
+        for a, (_, vn_a, neighbours) in self.states.items():
+            for b in neighbours:
+                other = self.states.get(b)
+                if other is not None and a in other[2] and vn_a != other[1]:
+                    edges.add(frozenset((vn_a, other[1])))
+        return edges
+
+    def cycle_through(self, peer_vn: str) -> list[str]:
+        """The VN path from this broker's VN to ``peer_vn`` in the known overlay, not using
+        a direct link between them: a link to ``peer_vn`` would close it into a cycle.
+        Empty when there is none."""
+        ends = {self.vn, peer_vn}
+        links = [(a, b) for a, b in (tuple(e) for e in self.vn_edges()) if {a, b} != ends]
+        if self.vn == peer_vn:
+            return []
+        return path_between(links, self.vn, peer_vn)
+
+
+def load_saved_links(
+    path: Path | None, configured: list[str], directory: Mapping[str, object]
+) -> list[str]:
+    """The neighbours to start with: those in ``path`` when it exists (the tree as the last
+    reconfiguration left it), else the ``configured`` ones."""
+    if path is None or not path.exists():
+        return configured
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))["neighbours"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("ignoring links file %s: %s", path, exc)
+        return configured
+    if not isinstance(saved, list) or not all(isinstance(p, str) for p in saved):
+        log.warning("ignoring links file %s: 'neighbours' is not a list of ids", path)
+        return configured
+    unknown = [p for p in saved if p not in directory]
+    if unknown:
+        log.warning("ignoring links file %s: unknown brokers %s", path, unknown)
+        return configured
+    return saved
+
+
+def save_links(path: Path | None, neighbours: Collection[str]) -> None:
+    """Record the current neighbours in ``path`` (atomically); blocking file I/O, so call
+    it off the event loop."""
+    if path is None:
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"neighbours": sorted(neighbours)}) + "\n", encoding="utf-8")
+    tmp.replace(path)

@@ -1,0 +1,271 @@
+"""The live OCBR protocol's steps and a member's state, as plain data and pure transitions.
+
+A round (SPEC §5) locks a neighbourhood, opens the plan's new links in standby, freezes and
+drains the old links with in-band markers, installs the new routing tables and resumes.
+This module holds what those steps *are* and how a member broker's state moves between
+them, with no sockets, no clocks and no tasks: callers pass ``now`` and act on what the
+transitions return. The daemon's agent (``broker.daemon.reconfig_agent``) drives it with
+events and timers and does the I/O.
+
+Steps travel in ``RECONF [op, data]`` frames: :func:`parse_step` turns one into a typed
+step (every field checked, errors naming the field), :meth:`Step.to_data` back. Every step
+is answered by a :class:`Reply`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from overlay.tree import Link
+from security.errors import InvalidRequest
+
+STEPS: Final = (
+    "lock",
+    "unlock",
+    "prepare",
+    "connect",
+    "freeze",
+    "install",
+    "resume",
+    "abort",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A member's answer to one step: done, or why not."""
+
+    ok: bool
+    error: str = ""
+
+    def to_data(self) -> dict[str, Any]:
+        return {"ok": True} if self.ok else {"ok": False, "error": self.error}
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> Reply:
+        if data.get("ok") is True:
+            return cls(True)
+        return cls(False, str(data.get("error", "no reason given")))
+
+
+OK: Final = Reply(True)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """A step that names only its round: unlock, connect, freeze, resume, abort."""
+
+    op: str
+    round: str
+
+    def to_data(self) -> dict[str, Any]:
+        return {"round": self.round}
+
+
+@dataclass(frozen=True, slots=True)
+class Lock(Step):
+    """Ask a member for a lease on behalf of ``master`` (a VN id) for ``lease`` seconds."""
+
+    master: str
+    lease: float
+
+    def to_data(self) -> dict[str, Any]:
+        return {"round": self.round, "master": self.master, "lease": self.lease}
+
+
+@dataclass(frozen=True, slots=True)
+class Prepare(Step):
+    """The plan: the neighbourhood's VNs and the links of its new local tree."""
+
+    master: str
+    hood: tuple[str, ...]
+    links: tuple[Link, ...]
+
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "master": self.master,
+            "hood": list(self.hood),
+            "links": [list(lk) for lk in self.links],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Install(Step):
+    """One VN's tables on the new tree, filters in wire form: ``held[vn]`` is what it holds
+    from neighbour ``vn`` (``{"adv": {...}, "sub": {...}}``), ``sent[vn]`` the
+    subscriptions it has sent to ``vn``."""
+
+    held: Mapping[str, Mapping[str, Mapping[str, Any]]]
+    sent: Mapping[str, Mapping[str, Any]]
+
+    def to_data(self) -> dict[str, Any]:
+        return {"round": self.round, "held": dict(self.held), "sent": dict(self.sent)}
+
+
+def parse_step(op: str, data: Mapping[str, Any]) -> Step:
+    """The typed step of a ``RECONF`` request.
+
+    Raises:
+        InvalidRequest: an unknown step, or a field missing or of the wrong type.
+    """
+    if op not in STEPS:
+        raise InvalidRequest(f"unknown step {op!r}")
+    round_id = data.get("round")
+    if not isinstance(round_id, str) or not round_id:
+        raise InvalidRequest(f"RECONF {op} field 'round' must be a non-empty string")
+    if op == "lock":
+        master, lease = data.get("master"), data.get("lease")
+        if not isinstance(master, str):
+            raise InvalidRequest("RECONF lock field 'master' must be a VN id")
+        if not isinstance(lease, int | float) or isinstance(lease, bool) or not 0 < lease < 3600:
+            raise InvalidRequest("RECONF lock field 'lease' must be seconds in (0, 3600)")
+        return Lock(op, round_id, master, float(lease))
+    if op == "prepare":
+        return _parse_prepare(round_id, data)
+    if op == "install":
+        held, sent = data.get("held", {}), data.get("sent", {})
+        if not isinstance(held, dict) or not all(
+            isinstance(v, dict)
+            and isinstance(v.get("adv"), dict)
+            and isinstance(v.get("sub"), dict)
+            for v in held.values()
+        ):
+            raise InvalidRequest("RECONF install field 'held' must map VNs to {adv, sub} maps")
+        if not isinstance(sent, dict) or not all(isinstance(v, dict) for v in sent.values()):
+            raise InvalidRequest("RECONF install field 'sent' must map VNs to subscription maps")
+        return Install(op, round_id, held, sent)
+    return Step(op, round_id)
+
+
+def _parse_prepare(round_id: str, data: Mapping[str, Any]) -> Prepare:
+    hood, links, master = data.get("hood"), data.get("links"), data.get("master")
+    if not isinstance(hood, list) or not all(isinstance(v, str) for v in hood):
+        raise InvalidRequest("RECONF prepare field 'hood' must be a list of VN ids")
+    if not isinstance(links, list) or not all(
+        isinstance(lk, list | tuple) and len(lk) == 2 and all(isinstance(v, str) for v in lk)
+        for lk in links
+    ):
+        raise InvalidRequest("RECONF prepare field 'links' must be a list of VN id pairs")
+    if master not in hood:
+        raise InvalidRequest("RECONF prepare field 'master' must be one of 'hood'")
+    assert isinstance(master, str)
+    return Prepare(
+        "prepare", round_id, master, tuple(hood), tuple((str(a), str(b)) for a, b in links)
+    )
+
+
+@dataclass
+class Lease:
+    """A neighbourhood lock this broker granted."""
+
+    round: str
+    master: str
+    expires: float
+
+
+@dataclass
+class Pending:
+    """A round this broker takes part in, between ``prepare`` and ``resume``."""
+
+    round: str
+    master: str
+    hood: set[str]
+    new_neighbours: set[str]
+    added: set[str]
+    removed: set[str]
+    frozen: bool = False
+    installed: bool = False
+
+
+@dataclass
+class RoundStats:
+    """What a broker's master turns did (for ``/reconfig`` and ``/metrics``)."""
+
+    turns: int = 0
+    refused: int = 0
+    no_plan: int = 0
+    applied: int = 0
+    aborted: int = 0
+    links_changed: int = 0
+    saving: float = 0.0
+    last_cost_before: float = 0.0
+    last_cost_after: float = 0.0
+
+
+class MemberRounds:
+    """One broker's part in other brokers' rounds: at most one lease, one prepared round.
+
+    Locks are never waited for: a busy member refuses at once, so two masters cannot
+    deadlock (the refused one retries at its next jittered turn), and a lease whose master
+    went silent expires (:meth:`expired`) so the caller can undo what it left half-done.
+    """
+
+    def __init__(self, me: str) -> None:
+        self.me = me
+        self.lease: Lease | None = None
+        self.pending: Pending | None = None
+
+    def lock(self, step: Lock, now: float, *, enabled: bool, coordinating: str | None) -> Reply:
+        """Grant ``step``'s lease, or refuse at once."""
+        if not enabled:
+            return Reply(False, f"{self.me} has reconfiguration disabled")
+        if self.lease is not None and self.lease.round != step.round:
+            return Reply(False, f"{self.me} is locked by master {self.lease.master}")
+        if coordinating is not None and coordinating != step.round:
+            return Reply(False, f"{self.me} is master of its own round")
+        self.lease = Lease(step.round, step.master, now + step.lease)
+        return OK
+
+    def expired(self, now: float) -> Lease | None:
+        """The lease, if it ran out by ``now`` (the caller aborts its round)."""
+        lease = self.lease
+        return lease if lease is not None and now > lease.expires else None
+
+    def locked_for(self, round_id: str) -> Reply | None:
+        """None when this broker holds a lease for ``round_id``, else the refusal."""
+        if self.lease is None or self.lease.round != round_id:
+            return Reply(False, f"{self.me} holds no lock for round {round_id}")
+        return None
+
+    def prepare(self, step: Prepare, vn: str, current: Iterable[str]) -> Pending:
+        """Accept the plan: which neighbour VNs this broker's VN gains and loses."""
+        new = {y for x, y in step.links if x == vn} | {x for x, y in step.links if y == vn}
+        old = set(current) & set(step.hood)
+        self.pending = Pending(step.round, step.master, set(step.hood), new, new - old, old - new)
+        return self.pending
+
+    def prepared(self, round_id: str) -> Pending | Reply:
+        """The prepared round ``round_id``, or the refusal when there is none."""
+        pending = self.pending
+        if pending is None or pending.round != round_id:
+            return Reply(False, f"{self.me} has no prepared round {round_id}")
+        return pending
+
+    def finish(self) -> None:
+        """The round resumed or was undone: release everything."""
+        self.pending = None
+        self.lease = None
+
+
+@dataclass
+class MarkerBook:
+    """Drain markers received per round: ``(wave, sender)``."""
+
+    seen: dict[str, set[tuple[int, str]]] = field(default_factory=dict)
+
+    def record(self, round_id: str, wave: int, sender: str) -> None:
+        self.seen.setdefault(round_id, set()).add((wave, sender))
+
+    def missing(
+        self, round_id: str, wave: int, peers: Iterable[str], live: Iterable[str]
+    ) -> set[str]:
+        """Peers whose link is still up and whose marker of ``wave`` has not come."""
+        got = {p for w, p in self.seen.get(round_id, ()) if w == wave}
+        up = set(live)
+        return {p for p in peers if p not in got and p in up}
+
+    def forget(self, round_id: str) -> None:
+        self.seen.pop(round_id, None)
