@@ -406,11 +406,19 @@ def _cli(cli: Sequence[str], *args: str, timeout: float = CLI_TIMEOUT) -> str:
 
 
 def _overlay_pids(workdir: Path) -> list[int]:
-    """Broker PIDs an overlay directory lists (``overlay.json``; empty if unreadable)."""
+    """Broker PIDs of an overlay directory: those ``overlay.json`` lists, and any process whose
+    command line names a file in it (a broker ``trellis up`` had spawned but not yet listed
+    when it was interrupted)."""
+    pids: set[int] = set()
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         info = json.loads((workdir / "overlay.json").read_text())
-        return [int(b["pid"]) for b in info["brokers"]]
-    return []
+        pids.update(int(b["pid"]) for b in info["brokers"])
+    marker = str(workdir).encode() + b"/"
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes():
+                pids.add(int(entry.name))
+    return sorted(pids)
 
 
 def _reap(pids: Sequence[int]) -> int:
@@ -460,7 +468,7 @@ def overlay_run(cli: Sequence[str], brokers: int, scratch: Path) -> OverlayRun:
             note = (note + "; " if note else "") + f"{leftover} left after down"
         return OverlayRun(brokers, up_s, down_s, len(links), healthy, rss, pss, note)
     finally:
-        _reap(pids or _overlay_pids(workdir))
+        _reap(sorted({*pids, *_overlay_pids(workdir)}))
 
 
 # ---------------------------------------------------------------------------------------
@@ -628,19 +636,25 @@ def _version(cmd: list[str]) -> str:
 
 
 def _git_commit() -> str:
+    """HEAD, and the last commit that changed the daemon's code (what this measures)."""
+    code = ["--", *PROJECT_PACKAGES]
     try:
         head = subprocess.run(
             ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
             capture_output=True, text=True, timeout=10, check=True,
         ).stdout.strip()  # fmt: skip
+        last = subprocess.run(
+            ["git", "-C", str(REPO), "log", "-1", "--format=%h", *code],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()  # fmt: skip
         dirty = subprocess.run(
-            ["git", "-C", str(REPO), "status", "--porcelain", "--", "broker", "overlay",
-             "security", "reconfig", "analytics", "pyproject.toml"],
+            ["git", "-C", str(REPO), "status", "--porcelain", *code],
             capture_output=True, text=True, timeout=10, check=True,
         ).stdout.strip()  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return "?"
-    return head + (" + uncommitted changes" if dirty else "")
+    text = f"{head} (Trellis packages last changed in {last}"
+    return text + (", plus uncommitted changes)" if dirty else ")")
 
 
 def environment(python: str) -> list[str]:
@@ -658,7 +672,7 @@ def environment(python: str) -> list[str]:
     return [
         f"- machine: nproc {os.cpu_count()} ({model}), Linux {platform.release()}, "
         f"load average at start {load}",
-        f"- Python {pyver or '?'} ({python}); code at commit {_git_commit()}",
+        f"- Python {pyver or '?'} ({python}); commit {_git_commit()}",
         f"- peers: {_version([mosquitto_binary() or 'mosquitto', '-h'])}; "
         f"{_version([nats_binary() or 'nats-server', '--version'])}",
     ]
@@ -697,6 +711,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not parts <= {"a", "b", "c"} or args.repeat < 1 or args.overlay_repeat < 1:
         parser.error("--parts takes a, b and/or c; repeats must be positive")
     cli = [args.trellis] if args.trellis else [args.python, "-m", "broker"]
+    # SIGTERM unwinds like Ctrl-C, so the finally blocks stop every process started here.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     command = "cd {} && .venv/bin/python bench/{}".format(
         REPO, " ".join([Path(__file__).name, *(sys.argv[1:] if argv is None else argv)])
