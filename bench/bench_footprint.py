@@ -372,10 +372,13 @@ def daemon_import_profile(python: str, workdir: Path) -> ImportProfile:
 
 
 def package_kind(package: str) -> str:
+    """Where a top-level module comes from: trellis, stdlib, or its distribution's name."""
     if package in PROJECT_PACKAGES:
         return "trellis"
-    if package in sys.stdlib_module_names or package.startswith("_"):
+    if package in sys.stdlib_module_names or package in sys.builtin_module_names:
         return "stdlib"
+    if package.startswith("__editable__"):
+        return "editable-install hook"
     dists = importlib.metadata.packages_distributions().get(package)
     return dists[0] if dists else "other"
 
