@@ -42,6 +42,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shlex
 import shutil
 import signal
 import socket
@@ -717,9 +718,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C, so the finally blocks stop every process started here.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
-    command = "cd {} && .venv/bin/python bench/{}".format(
-        REPO, " ".join([Path(__file__).name, *(sys.argv[1:] if argv is None else argv)])
-    )
+    words = [Path(__file__).name, *(sys.argv[1:] if argv is None else argv)]
+    command = f"cd {REPO} && .venv/bin/python bench/{shlex.join(words)}"
     env = environment(args.python)
     report = Report()
     started = time.monotonic()
