@@ -1,7 +1,8 @@
 """Start the peer brokers the benchmarks compare Trellis against.
 
 Each peer runs as its own process on a free loopback port with a config file written into a
-scratch directory, and is stopped by PID. The system Mosquitto on 1883 is never touched.
+scratch directory, and is stopped by PID. The system Mosquitto on 1883 and NATS on 4222 are
+never touched.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ __all__ = [
     "free_port",
     "start_amqtt",
     "start_mosquitto",
+    "start_nats",
     "wait_listening",
 ]
 
@@ -151,3 +153,18 @@ def start_amqtt(
     )
     cmd = [sys.executable, "-m", "amqtt.scripts.broker_script", "-c", str(config)]
     return _start("amqtt", cmd, workdir, host=host, port=port, timeout=timeout)
+
+
+def start_nats(
+    workdir: Path, *, host: str = "127.0.0.1", port: int = 0, timeout: float = 10.0
+) -> PeerProcess:
+    """Start a private nats-server (core NATS: no JetStream, no monitoring port, no cluster)
+    with its default limits on `host`:`port`."""
+    binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port(host)
+    config = workdir / f"nats-{port}.conf"
+    config.write_text(f'listen: "{host}:{port}"\n', encoding="utf-8")
+    return _start(
+        "nats", [binary, "-c", str(config)], workdir, host=host, port=port, timeout=timeout
+    )

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up a fresh machine for Trellis: a virtualenv in .venv with the project and its test tools.
 #   bash deploy/setup.sh           runtime + test dependencies
-#   bash deploy/setup.sh --bench   also the benchmark peers (Mosquitto, libgfshare, amqtt, pycryptodome)
+#   bash deploy/setup.sh --bench   also the benchmark peers (Mosquitto, nats-server, libgfshare, amqtt,
+#                                  nats-py, pycryptodome)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_bench=0
@@ -26,6 +27,7 @@ ldconfig -p | grep -q libgfshare || apt_install libgfshare2
 if [ "$want_bench" = 1 ]; then
   { command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ]; } || apt_install mosquitto
   command -v mosquitto_pub >/dev/null 2>&1 || apt_install mosquitto-clients
+  { command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ]; } || apt_install nats-server
 fi
 
 PY=${PYTHON:-python3}
