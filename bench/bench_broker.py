@@ -105,7 +105,7 @@ KEEP = bool(os.environ.get("BENCH_KEEP"))  # keep broker logs and client outputs
 # SPEC §10: Trellis/peer ratio goals, (broker CPU per delivery at most, msg/s at least);
 # None where the SPEC sets no goal against that peer.
 GOALS: dict[str, tuple[float | None, float | None]] = {
-    "mosquitto": (2.0, 0.5),
+    "mosquitto": (1.0, 0.5),
     "amqtt": (0.1, 10.0),
     "nats": (3.0, None),
 }
