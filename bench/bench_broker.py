@@ -48,6 +48,7 @@ import datetime as dt
 import importlib.metadata
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -866,7 +867,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"skipping trellis: it does not import ({why})", file=sys.stderr)
         systems.remove("trellis")
 
-    command = f"cd {REPO} && .venv/bin/python bench/" + " ".join(
+    command = f"cd {REPO} && .venv/bin/python bench/" + shlex.join(
         [Path(sys.argv[0]).name, *(sys.argv[1:] if argv is None else argv)]
     )
     started = time.monotonic()
