@@ -31,22 +31,39 @@ class Server:
         self.config = config
         self.broker = Broker(config)
         self._stop = asyncio.Event()
+        # Set once the broker listens (and its admin endpoint, if any): ports are known.
+        self.started = asyncio.Event()
         self._signals = 0
         self.port: int | None = None
         self.admin_port: int | None = None
 
     def request_stop(self) -> None:
+        """Begin the graceful shutdown (idempotent)."""
+        self._stop.set()
+
+    def _signalled(self) -> None:
+        """SIGTERM or SIGINT: shut down gracefully; a second signal exits at once."""
         self._signals += 1
         if self._signals > 1:
             log.warning("second stop signal: exiting now")
             os._exit(1)
-        self._stop.set()
+        self.request_stop()
 
     async def serve(self) -> None:
+        """Start, serve until :meth:`request_stop` (or a signal), then shut down."""
         loop = asyncio.get_running_loop()
+        handled = []
         for sig in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, self.request_stop)
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, self._signalled)
+                handled.append(sig)
+        try:
+            await self._serve(loop)
+        finally:
+            for sig in handled:
+                loop.remove_signal_handler(sig)
+
+    async def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
         server = await loop.create_server(
             lambda: Connection(self.broker), self.config.host, self.config.port, reuse_address=True
         )
@@ -64,6 +81,7 @@ class Server:
                 self.config.vn_size,
             )
         self._write_ready_file()
+        self.started.set()
         async with asyncio.TaskGroup() as tg:
             background = [
                 tg.create_task(self.broker.heartbeat()),

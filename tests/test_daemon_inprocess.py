@@ -1,0 +1,108 @@
+"""The daemon run in the test's own event loop (uvicorn style): startup, serving, staged
+shutdown, and two brokers linking, without a process boundary in between."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from broker.client import Client
+from broker.daemon.config import BrokerConfig
+from broker.daemon.server import Server
+from broker.errors import ConnectionLost
+
+
+@asynccontextmanager
+async def serving(**settings: Any) -> AsyncIterator[Server]:
+    """A started in-process broker on free ports, stopped (and awaited) on exit."""
+    server = Server(BrokerConfig(port=0, admin_port=0, shutdown_timeout=1.0, **settings))
+    task = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(10):
+            started = asyncio.create_task(server.started.wait())
+            done, _ = await asyncio.wait({task, started}, return_when=asyncio.FIRST_COMPLETED)
+            if task in done:
+                started.cancel()
+                task.result()  # startup failed: raise its error here
+        yield server
+    finally:
+        server.request_stop()
+        async with asyncio.timeout(10):
+            await task
+
+
+def endpoint(server: Server) -> str:
+    return f"127.0.0.1:{server.port}"
+
+
+async def http_get(port: int | None, path: str) -> tuple[str, bytes]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.0\r\n\r\n".encode())
+    async with asyncio.timeout(5):
+        data = await reader.read()
+    writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return head.decode().split("\r\n")[0], body
+
+
+async def until(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.01)
+
+
+async def test_in_process_broker_serves_pub_sub_and_admin_endpoints() -> None:
+    async with (
+        serving(id="solo") as server,
+        Client(endpoint(server), client_id="s") as sc,
+        sc.subscribe("class = 'quote' and price < 10") as sub,
+        Client(endpoint(server), client_id="p") as pc,
+    ):
+        await pc.advertise("class = 'quote'")
+        await pc.publish({"class": "quote", "price": 50}, b"dear")
+        await pc.publish({"class": "quote", "price": 5}, b"cheap")
+        got = await sub.get(5)
+        assert (got.attrs["price"], got.payload) == (5, b"cheap")
+        assert server.broker.stats.deliveries == 1
+        status, body = await http_get(server.admin_port, "/healthz")
+        assert status.endswith("200 OK")
+        health = json.loads(body)
+        assert (health["id"], health["clients"], health["prt"]) == ("solo", 2, 1)
+        status, body = await http_get(server.admin_port, "/metrics")
+        assert b'trellis_deliveries_total{broker="solo"} 1.0' in body
+
+
+async def test_stop_request_tells_clients_and_closes_every_connection() -> None:
+    async with serving(id="stopping") as server:
+        client = Client(endpoint(server), client_id="c", max_backoff=5.0)
+        await client.__aenter__()
+        try:
+            await until(lambda: len(server.broker.clients) == 1)
+            server.request_stop()
+            await asyncio.wait_for(client.disconnected(), 5)
+            await until(lambda: not server.broker.connections)
+        finally:
+            try:
+                await client.close()
+            except ConnectionLost:
+                pass
+
+
+async def test_two_in_process_brokers_link_and_route_across_the_link() -> None:
+    async with serving(id="b2", neighbours=[{"id": "b1", "endpoint": "127.0.0.1:1"}]) as b2:
+        async with serving(id="b1", neighbours=[{"id": "b2", "endpoint": endpoint(b2)}]) as b1:
+            await until(lambda: "b1" in b2.broker.links and "b2" in b1.broker.links)
+            async with (
+                Client(endpoint(b2), client_id="s") as sc,
+                sc.subscribe("class = 'x'") as sub,
+                Client(endpoint(b1), client_id="p") as pc,
+            ):
+                await pc.advertise("class = 'x'")
+                await until(lambda: b1.broker.router.prt_size == 1)
+                await pc.publish({"class": "x", "n": 7})
+                got = await sub.get(5)
+                assert got.attrs == {"class": "x", "n": 7}
+                assert b1.broker.stats.forwarded == {"b2": 1}
