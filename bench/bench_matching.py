@@ -17,7 +17,8 @@ import statistics
 import time
 from collections.abc import Callable
 
-from broker.routing.filters import Filter, Value, parse_filter
+from broker.language.filters import Filter, Value
+from broker.language.grammar import parse_filter
 from broker.routing.matching import MatchIndex
 
 CLASSES = 30

@@ -41,7 +41,8 @@ from broker.errors import (
     TrellisError,
     TrellisTimeout,
 )
-from broker.routing.filters import Filter, Value, parse_filter
+from broker.language.filters import Filter, Value
+from broker.language.grammar import parse_filter
 from broker.wire.protocol import (
     DEFAULT_MAX_FRAME,
     PROTOCOL_VERSION,

@@ -9,7 +9,7 @@ import pytest
 
 from broker.client import Client
 from broker.errors import InvalidRequest
-from broker.routing.filters import parse_filter
+from broker.language.grammar import parse_filter
 from broker.tools.launcher import BrokerProcess
 from tests.support import drain
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 from broker.client import Client
@@ -49,8 +49,9 @@ async def http_get(port: int | None, path: str) -> tuple[str, bytes]:
 
 
 async def until(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Wait for a condition on the broker's state (which offers no event to await)."""
     async with asyncio.timeout(timeout):
-        while not check():
+        while not check():  # noqa: ASYNC110 - polling state from outside the daemon
             await asyncio.sleep(0.01)
 
 
@@ -85,24 +86,24 @@ async def test_stop_request_tells_clients_and_closes_every_connection() -> None:
             await asyncio.wait_for(client.disconnected(), 5)
             await until(lambda: not server.broker.connections)
         finally:
-            try:
+            with suppress(ConnectionLost):
                 await client.close()
-            except ConnectionLost:
-                pass
 
 
 async def test_two_in_process_brokers_link_and_route_across_the_link() -> None:
-    async with serving(id="b2", neighbours=[{"id": "b1", "endpoint": "127.0.0.1:1"}]) as b2:
-        async with serving(id="b1", neighbours=[{"id": "b2", "endpoint": endpoint(b2)}]) as b1:
-            await until(lambda: "b1" in b2.broker.links and "b2" in b1.broker.links)
-            async with (
-                Client(endpoint(b2), client_id="s") as sc,
-                sc.subscribe("class = 'x'") as sub,
-                Client(endpoint(b1), client_id="p") as pc,
-            ):
-                await pc.advertise("class = 'x'")
-                await until(lambda: b1.broker.router.prt_size == 1)
-                await pc.publish({"class": "x", "n": 7})
-                got = await sub.get(5)
-                assert got.attrs == {"class": "x", "n": 7}
-                assert b1.broker.stats.forwarded == {"b2": 1}
+    async with (
+        serving(id="b2", neighbours=[{"id": "b1", "endpoint": "127.0.0.1:1"}]) as b2,
+        serving(id="b1", neighbours=[{"id": "b2", "endpoint": endpoint(b2)}]) as b1,
+    ):
+        await until(lambda: "b1" in b2.broker.links and "b2" in b1.broker.links)
+        async with (
+            Client(endpoint(b2), client_id="s") as sc,
+            sc.subscribe("class = 'x'") as sub,
+            Client(endpoint(b1), client_id="p") as pc,
+        ):
+            await pc.advertise("class = 'x'")
+            await until(lambda: b1.broker.router.prt_size == 1)
+            await pc.publish({"class": "x", "n": 7})
+            got = await sub.get(5)
+            assert got.attrs == {"class": "x", "n": 7}
+            assert b1.broker.stats.forwarded == {"b2": 1}

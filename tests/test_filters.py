@@ -12,16 +12,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.errors import FilterError, FilterSyntaxError
-from broker.routing.filters import (
+from broker.language.filters import (
     MAX_PREDICATES,
     MAX_STRING_LENGTH,
     Filter,
     Op,
     Predicate,
     Value,
-    parse_attrs,
-    parse_filter,
 )
+from broker.language.grammar import parse_attrs, parse_filter
 
 # ---------------------------------------------------------------------------------------------
 # Strategies: a small universe so that random filters and publications collide often.

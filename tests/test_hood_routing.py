@@ -19,7 +19,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.routing.filters import parse_filter
+from broker.language.grammar import parse_filter
 from broker.routing.router import Router, hood_routing, reduce_covered
 from broker.wire.protocol import Advertise, Subscribe, Unadvertise, Unsubscribe
 from overlay.tree import Tree, random_tree
@@ -44,7 +44,9 @@ class Network:
     """Routers joined by the links of ``tree``, messages delivered in FIFO order."""
 
     def __init__(self, tree: Tree, covering: bool) -> None:
-        self.routers = {b: Router(b, covering=covering) for b in tree.brokers}
+        self.routers: dict[str, Router[Hop]] = {
+            b: Router(b, covering=covering) for b in tree.brokers
+        }
         self.queue: deque[tuple[str, str, Any]] = deque()
         for a, b in sorted(tree.links):
             self.run(a, self.routers[a].add_neighbour(hop_of(b)))

@@ -8,7 +8,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.routing.filters import Filter, Value, parse_filter
+from broker.language.filters import Filter, Value
+from broker.language.grammar import parse_filter
 from broker.routing.matching import MatchIndex
 from tests.test_filters import filters, publications
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from broker.client import Client, Subscription
-from broker.routing.filters import parse_filter
+from broker.language.grammar import parse_filter
 from broker.tools.local import LocalOverlay
 from broker.wire.protocol import PROTOCOL_VERSION, Error, MsgType, Pong, Welcome
 from overlay.tree import broker_names, line_tree, random_tree

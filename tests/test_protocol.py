@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.errors import InvalidRequest, PayloadTooLarge, ProtocolError, TrellisError
-from broker.routing.filters import parse_filter
+from broker.language.grammar import parse_filter
 from broker.wire.protocol import (
     Ack,
     Advertise,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from broker.routing.filters import parse_filter
+from broker.language.grammar import parse_filter
 from broker.routing.router import Router
 from broker.wire.protocol import Advertise, Subscribe, Unadvertise, Unsubscribe
 

@@ -41,7 +41,7 @@ from broker.daemon.hops import Hop, VNHop
 from broker.daemon.links import LinkStates, load_saved_links, save_links
 from broker.daemon.reconfig_agent import ReconfigAgent, Tables
 from broker.daemon.stats import BrokerStats
-from broker.routing.filters import Filter
+from broker.language.filters import Filter
 from broker.routing.router import Owned, Router
 from broker.wire.protocol import (
     PROTOCOL_VERSION,

@@ -25,7 +25,7 @@ from broker.daemon.forwarding import Forwarder
 from broker.daemon.hops import Hop
 from broker.daemon.shares import SecureForwarding
 from broker.daemon.stats import BrokerStats
-from broker.routing.filters import Value
+from broker.language.filters import Value
 from broker.routing.router import Router
 from security.propagation import ShareRecord
 

@@ -23,7 +23,7 @@ from typing import Any
 from broker.daemon.hops import Hop, SeenPublications
 from broker.daemon.shares import SecureForwarding
 from broker.daemon.stats import BrokerStats
-from broker.routing.filters import Value
+from broker.language.filters import Value
 from broker.routing.router import Router
 from broker.wire.protocol import Forward, Publish, encode_deliver, encode_forward
 from security.errors import InvalidRequest

@@ -52,7 +52,7 @@ from typing import Any, Protocol
 
 from broker.daemon.config import NeighbourConfig, ReconfigConfig
 from broker.daemon.hops import Hop
-from broker.routing.filters import Filter
+from broker.language.filters import Filter
 from broker.routing.router import Owned, hood_routing
 from broker.wire.protocol import (
     HEADER_SIZE,

@@ -27,10 +27,11 @@ from __future__ import annotations
 import itertools
 from bisect import bisect_left
 from collections.abc import Callable, Hashable, Iterable, KeysView, Mapping
+from enum import Enum
 from math import isnan
 from typing import Any, Final, Generic, TypeVar
 
-from broker.routing.filters import Filter, Op, Predicate, Value, value_key
+from broker.language.filters import Filter, Op, Predicate, Value, value_key
 
 __all__ = ["MatchIndex"]
 
@@ -38,7 +39,14 @@ K = TypeVar("K", bound=Hashable)
 
 _Checks = tuple[tuple[str, Callable[[Any], bool]], ...]
 _Getter = Callable[[str, object], Any]
-_MISSING: Final = object()
+
+
+class _Missing(Enum):
+    MISSING = "missing"
+
+
+# What a getter returns for an absent attribute; an enum member, so ``is`` narrows it away.
+_MISSING: Final = _Missing.MISSING
 _AFFIX_OPS: Final = frozenset({Op.PREFIX, Op.SUFFIX})
 _RANGE_OPS: Final = frozenset({Op.LT, Op.LE, Op.GT, Op.GE})
 _UPPER_OPS: Final = frozenset({Op.LT, Op.LE})
@@ -51,6 +59,28 @@ _sequence = itertools.count()
 
 def _checks(predicates: Iterable[Predicate]) -> _Checks:
     return tuple((p.attr, p.test) for p in predicates)
+
+
+def _scalar(p: Predicate) -> Value:
+    """Return the value of a predicate that compares with one value (not exists, not in)."""
+    value = p.value
+    assert value is not None
+    assert not isinstance(value, frozenset)
+    return value
+
+
+def _members(p: Predicate) -> frozenset[Value]:
+    """Return the set of an ``in`` predicate."""
+    value = p.value
+    assert isinstance(value, frozenset)
+    return value
+
+
+def _text(p: Predicate) -> str:
+    """Return the string of a prefix or suffix predicate."""
+    value = p.value
+    assert isinstance(value, str)
+    return value
 
 
 def _verify_into(
@@ -184,24 +214,24 @@ class _Node(Generic[K]):
             rest = tuple(p for p in predicates if equal.get(p.attr) is not p)
             names = tuple(sorted(equal))
             if len(names) == 1:
-                self._add_child(key, "eq", names[0], [value_key(equal[names[0]].value)], rest)
+                self._add_child(key, "eq", names[0], [value_key(_scalar(equal[names[0]]))], rest)
             else:
-                values = tuple(value_key(equal[name].value) for name in names)
+                values = tuple(value_key(_scalar(equal[name])) for name in names)
                 self._add_child(key, "eq_multi", names, [values], rest)
             return
         sets = [p for p in predicates if p.op is Op.IN]
         if sets:
-            chosen = min(sets, key=lambda p: len(p.value))  # type: ignore[arg-type]
+            chosen = min(sets, key=lambda p: len(_members(p)))
             rest = tuple(p for p in predicates if p is not chosen)
-            members = [value_key(v) for v in chosen.value]  # type: ignore[union-attr]
+            members = [value_key(v) for v in _members(chosen)]
             self._add_child(key, "eq", chosen.attr, members, rest)
             return
         affixes = [p for p in predicates if p.op in _AFFIX_OPS]
         if affixes:
-            chosen = max(affixes, key=lambda p: len(p.value))  # type: ignore[arg-type]
+            chosen = max(affixes, key=lambda p: len(_text(p)))
             table = self.prefixes if chosen.op is Op.PREFIX else self.suffixes
             affix = table.get(chosen.attr) or table.setdefault(chosen.attr, _Affixes())
-            text: str = chosen.value  # type: ignore[assignment]
+            text = _text(chosen)
             affix.lengths[len(text)] = affix.lengths.get(len(text), 0) + 1
             checks = _checks(p for p in predicates if p is not chosen)
             affix.table.setdefault(text, {})[key] = checks
@@ -223,8 +253,8 @@ class _Node(Generic[K]):
             return
         if predicates:
             chosen = next((p for p in predicates if p.op is Op.EXISTS), predicates[0])
-            rest = (p for p in predicates if p is not chosen or p.op is not Op.EXISTS)
-            self.present.setdefault(chosen.attr, {})[key] = _checks(rest)
+            others = (p for p in predicates if p is not chosen or p.op is not Op.EXISTS)
+            self.present.setdefault(chosen.attr, {})[key] = _checks(others)
             self.placed[key] = ("present", chosen.attr)
             return
         self.always[key] = None
@@ -294,7 +324,7 @@ class _Node(Generic[K]):
             for attr, table in self.eq.items():
                 value = get(attr, _MISSING)
                 if value is not _MISSING:
-                    child = table.get(value_key(value))  # type: ignore[arg-type]
+                    child = table.get(value_key(value))
                     if child is not None:
                         child.collect(attrs, out)
         if self.eq_multi:
@@ -313,12 +343,12 @@ class _Node(Generic[K]):
             for attr, affix in self.prefixes.items():
                 value = get(attr, _MISSING)
                 if value.__class__ is str:
-                    affix.collect(value, False, get, out)  # type: ignore[arg-type]
+                    affix.collect(value, False, get, out)
         if self.suffixes:
             for attr, affix in self.suffixes.items():
                 value = get(attr, _MISSING)
                 if value.__class__ is str:
-                    affix.collect(value, True, get, out)  # type: ignore[arg-type]
+                    affix.collect(value, True, get, out)
         if self.present:
             for attr, bucket in self.present.items():
                 if attr in attrs:

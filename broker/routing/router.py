@@ -30,7 +30,7 @@ from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from broker.routing.filters import Filter, Value
+from broker.language.filters import Filter, Value
 from broker.routing.matching import MatchIndex
 from broker.wire.protocol import Advertise, Message, Subscribe, Unadvertise, Unsubscribe
 

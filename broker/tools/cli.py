@@ -16,7 +16,8 @@ from typing import Any
 
 from broker.client import Client, Delivery
 from broker.errors import SlowConsumerError, TrellisError
-from broker.routing.filters import Filter, parse_attrs
+from broker.language.filters import Filter
+from broker.language.grammar import parse_attrs
 from reconfig.mtpsto.cli import add_pst_parser
 
 log = logging.getLogger("trellis.cli")

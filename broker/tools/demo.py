@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.client import Client, Subscription
-from broker.routing.filters import parse_filter
+from broker.language.grammar import parse_filter
 from broker.tools.local import LocalOverlay, metric_by_label, start_overlay
 from overlay.tree import broker_names, line_tree
 

@@ -1,0 +1,1 @@
+"""The filter language of content-based routing: model, text grammar, interval reasoning."""
