@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from broker.language.filters import Filter, Value
 from broker.language.grammar import parse_filter
 from broker.routing.matching import MatchIndex
-from tests.test_filters import filters, publications
+from tests.broker.language.test_filters import filters, publications
 
 
 def brute_force(subs: dict[int, Filter], attrs: dict[str, Value]) -> set[int]:
