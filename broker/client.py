@@ -25,9 +25,10 @@ import logging
 import random
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, cast
@@ -35,6 +36,7 @@ from typing import Any, Self, cast
 from broker.errors import (
     ERRORS_BY_CODE,
     ConnectionLost,
+    InvalidRequest,
     PayloadTooLarge,
     ProtocolError,
     SlowConsumerError,
@@ -108,11 +110,24 @@ class Delivery:
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
-    """Split ``host:port`` (``[v6]:port`` accepted) into its parts."""
+    """Split ``host:port`` (``[v6]:port`` accepted) into its parts.
+
+    Raises:
+        InvalidRequest: the text is not ``HOST:PORT`` with a port in 1..65535.
+    """
     host, sep, port = endpoint.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"endpoint must look like HOST:PORT, got {endpoint!r}")
+        raise InvalidRequest(f"endpoint must look like HOST:PORT, got {endpoint!r}")
     return host.strip("[]"), int(port)
+
+
+def _load_manifest(path: str | Path) -> Manifest:
+    try:
+        return Manifest.load(path)
+    except TrellisError:
+        raise
+    except (OSError, ValueError) as exc:  # a missing file, not UTF-8, not JSON
+        raise InvalidRequest(f"cannot read the manifest {str(path)!r}: {exc}") from exc
 
 
 def _error_from_wire(err: Error) -> TrellisError:
@@ -180,6 +195,10 @@ class _Link(asyncio.Protocol):
         if self.out_bytes > _CORK_LIMIT:
             # A producer that never yields must still meet the transport's flow control.
             self.flush()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
 
     def flush(self) -> None:
         if self.out and self.transport is not None and not self.transport.is_closing():
@@ -397,7 +416,7 @@ class Client:
     ) -> None:
         eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not eps:
-            raise ValueError("at least one endpoint is needed")
+            raise InvalidRequest("at least one endpoint is needed")
         self.endpoints = [parse_endpoint(e) for e in eps]
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
         self.connect_timeout = connect_timeout
@@ -425,14 +444,14 @@ class Client:
         self._stopping = False
         self._entered = False
         if manifest is not None and not isinstance(manifest, Manifest):
-            manifest = Manifest.load(manifest)
+            manifest = _load_manifest(manifest)
         self.manifest = manifest
         self.signer = signer or Signer.generate(self.client_id)
         self.vn: str | None = None
         self.vn_size = replicas
         self._assemblies: OrderedDict[tuple[str, int], KeyAssembly] = OrderedDict()
         if key_refresh < 1:
-            raise ValueError("key_refresh must be at least 1 message")
+            raise InvalidRequest("key_refresh must be at least 1 message")
         self.key_refresh = key_refresh
         self.key_refresh_seconds = key_refresh_seconds
         self._epoch: EpochKey | None = None
@@ -445,7 +464,7 @@ class Client:
 
     async def __aenter__(self) -> Self:
         if self._entered:
-            raise RuntimeError("Client is not re-entrant: leave the previous 'async with' first")
+            raise InvalidRequest("Client is not re-entrant: leave the previous 'async with' first")
         self._entered = True
         try:
             await self.connect()
@@ -494,16 +513,40 @@ class Client:
         await self._disconnected.wait()
 
     async def drain(self, timeout: float | None = None) -> None:
-        """Finish in-flight work: wait for outstanding acknowledgements and a broker round trip."""
+        """Finish in-flight work: wait for outstanding acknowledgements and a broker round trip.
+
+        Args:
+            timeout: bound on the whole wait, in seconds (default ``request_timeout``).
+
+        Raises:
+            TrellisTimeout: the brokers did not answer within ``timeout``.
+            ConnectionLost: the brokers went away before answering the round trip.
+        """
         timeout = self.request_timeout if timeout is None else timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         if self._pending:
+            # asyncio.wait, not wait_for(gather(...)): a timeout must not cancel the futures
+            # that other tasks' requests are still waiting on.
             futures = [p.future for p in self._pending.values()]
-            await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), timeout)
+            _, late = await asyncio.wait(futures, timeout=timeout)
+            if late:
+                raise TrellisTimeout(
+                    f"{len(late)} requests still unacknowledged after {timeout:g} s"
+                )
         if self._status is Status.CONNECTED:
-            await self.flush(timeout)
+            await self.flush(max(0.0, deadline - loop.time()))
 
     async def flush(self, timeout: float | None = None) -> None:
-        """Round trip to the brokers: everything sent before has been processed after it."""
+        """Round trip to the brokers: everything sent before has been processed after it.
+
+        Args:
+            timeout: bound on the round trip, in seconds (default ``request_timeout``).
+
+        Raises:
+            TrellisTimeout: the brokers did not answer within ``timeout``.
+            ConnectionLost: no majority of brokers is reachable.
+        """
         await self._request(Ping, timeout)
 
     async def close(self) -> None:
@@ -512,8 +555,7 @@ class Client:
         await self._stop_supervisors()
         links, self._links = list(self._links.values()), {}
         for link in links:
-            if link.transport is not None:
-                link.transport.close()
+            link.close()
         for link in links:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(link.lost), 1.0)
@@ -576,13 +618,16 @@ class Client:
         ``flush()`` to know it arrived.
 
         Raises:
-            InvalidRequest: the attributes are not a map of str to str/int/float/bool.
+            InvalidRequest: the attributes are not a map of str to str/int/float/bool, or
+                the payload is not bytes.
             PayloadTooLarge: the message would exceed the broker's frame limit.
             ConnectionLost: the broker went away before acknowledging.
+            TrellisTimeout: no acknowledgement (``ack=True``) or no room to write
+                (``ack=False``) within ``request_timeout``.
         """
-        attrs = validate_attrs("PUBLISH", dict(attrs))
+        attrs = validate_attrs("PUBLISH", dict(attrs) if isinstance(attrs, Mapping) else attrs)
         if not isinstance(payload, bytes | bytearray | memoryview):
-            raise TypeError(f"payload must be bytes, got {type(payload).__name__}")
+            raise InvalidRequest(f"payload must be bytes, got {type(payload).__name__}")
         payload = bytes(payload)
         if len(payload) + _FRAME_OVERHEAD > self.max_frame:
             raise PayloadTooLarge(
@@ -629,7 +674,7 @@ class Client:
             return Publish(rid, seq, attrs, sealed, {**sec, "share": share})
 
         if ack:
-            await self._request(make, per_link=True)
+            await self._request_per_link(make)
         else:
             for link in await self._writable_links():
                 link.send(make(0, link))
@@ -687,39 +732,66 @@ class Client:
             blocked = [link for link in links if not link.can_write.is_set()]
             if len(links) - len(blocked) >= self.quorum:
                 return links
-            await asyncio.wait_for(blocked[0].can_write.wait(), self.request_timeout)
+            try:
+                async with asyncio.timeout(self.request_timeout):
+                    await blocked[0].can_write.wait()
+            except TimeoutError:
+                raise TrellisTimeout(
+                    f"brokers accepted no more data within {self.request_timeout:g} s"
+                ) from None
 
     async def _request(
         self,
-        make: Any,
+        make: Callable[[int], Message],
         timeout: float | None = None,
+        *,
         only: _Link | None = None,
-        per_link: bool = False,
     ) -> None:
+        """Send one request to every link (or ``only`` one) and wait until it is settled."""
         if only is None:
-            if self._status is not Status.CONNECTED:
-                await self._wait_connected()
-            links = list(self._links.values())
-            needed = self.quorum
+            links, needed = await self._request_links(), self.quorum
         else:
             links, needed = [only], 1
         rid = next(self._rids)
-        pending = _Pending(needed, {link.index for link in links})
+        msg = make(rid)
+        await self._settle(rid, [(link, msg) for link in links], needed, timeout)
+
+    async def _request_per_link(
+        self, make: Callable[[int, _Link], Message], timeout: float | None = None
+    ) -> None:
+        """Send each link its own version of one request and wait until it is settled."""
+        links = await self._request_links()
+        rid = next(self._rids)
+        await self._settle(rid, [(link, make(rid, link)) for link in links], self.quorum, timeout)
+
+    async def _request_links(self) -> list[_Link]:
+        if self._status is not Status.CONNECTED:
+            await self._wait_connected()
+        return list(self._links.values())
+
+    async def _settle(
+        self,
+        rid: int,
+        requests: Sequence[tuple[_Link, Message]],
+        needed: int,
+        timeout: float | None,
+    ) -> None:
+        """Send the requests; return once ``needed`` links acknowledged."""
+        timeout = self.request_timeout if timeout is None else timeout
+        pending = _Pending(needed, {link.index for link, _ in requests})
         self._pending[rid] = pending
         try:
-            msg = None if per_link else make(rid)
-            for link in links:
+            for link, msg in requests:
                 try:
-                    link.send(make(rid, link) if per_link else msg)
+                    link.send(msg)
                 except ConnectionLost as exc:
                     pending.answer(link.index, exc)
-            await asyncio.wait_for(
-                asyncio.shield(pending.future), self.request_timeout if timeout is None else timeout
-            )
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(pending.future)
+        except TrellisError:  # a broker's own answer, TrellisTimeout included
+            raise
         except TimeoutError:
-            raise TrellisTimeout(
-                f"broker did not answer within {self.request_timeout:g} s"
-            ) from None
+            raise TrellisTimeout(f"broker did not answer within {timeout:g} s") from None
         finally:
             self._pending.pop(rid, None)
             if not pending.future.done():
@@ -729,13 +801,25 @@ class Client:
         host, port = self.endpoints[index]
         loop = asyncio.get_running_loop()
         _, link = await loop.create_connection(lambda: _Link(self, index), host, port)
-        link.send(Hello(PROTOCOL_VERSION, Role.CLIENT, self.client_id, {}))
-        welcome = await link.welcome
+        try:
+            link.send(Hello(PROTOCOL_VERSION, Role.CLIENT, self.client_id, {}))
+            welcome = await link.welcome
+            options = welcome.options
+            replica = int(options.get("replica", index))
+            vn_size = int(options.get("vn_size", len(self.endpoints)))
+            max_frame = int(options.get("max_frame", DEFAULT_MAX_FRAME))
+        except (TypeError, ValueError) as exc:
+            link.close()
+            raise ProtocolError(f"invalid WELCOME from {host}:{port}: {exc}") from None
+        except BaseException:
+            # A connect_timeout during the handshake must not leave the socket open.
+            link.close()
+            raise
         self.broker_id = link.broker_id = welcome.broker_id
-        link.replica = int(welcome.options.get("replica", index))
-        self.vn = str(welcome.options.get("vn", welcome.broker_id))
-        self.vn_size = int(welcome.options.get("vn_size", len(self.endpoints)))
-        self.max_frame = int(welcome.options.get("max_frame", DEFAULT_MAX_FRAME))
+        link.replica = replica
+        self.vn = str(options.get("vn", welcome.broker_id))
+        self.vn_size = vn_size
+        self.max_frame = max_frame
         log.debug(
             "%s connected to broker %s at %s:%d", self.client_id, welcome.broker_id, host, port
         )
@@ -744,9 +828,9 @@ class Client:
     async def _restore(self, link: _Link) -> None:
         """Re-send advertisements and subscriptions to one (re)connected broker."""
         for adv_id, flt in list(self._advertisements.items()):
-            await self._request(lambda rid, a=adv_id, f=flt: Advertise(rid, a, f), only=link)
+            await self._request(partial(Advertise, adv_id=adv_id, filter=flt), only=link)
         for sub in list(self._subscriptions.values()):
-            await self._request(lambda rid, s=sub: Subscribe(rid, s.id, s.filter), only=link)
+            await self._request(partial(Subscribe, sub_id=sub.id, filter=sub.filter), only=link)
 
     def _update_status(self) -> None:
         if self._status is Status.CLOSED:
@@ -784,8 +868,7 @@ class Client:
                 await self._restore(link)
             except (TrellisError, TimeoutError) as exc:
                 log.debug("restoring state at %s:%d failed: %s", host, port, exc)
-                if link.transport is not None:
-                    link.transport.close()
+                link.close()
                 continue
             self._links[index] = link
             self._update_status()

@@ -1,26 +1,32 @@
-"""The ``trellis`` command line."""
+"""The ``trellis`` command line.
+
+Each subcommand imports what it needs inside its handler: ``trellis broker`` starts a
+daemon per process (a local overlay starts dozens), so it must not pay for the SDK, the
+local-overlay tools or the MTPSTO solvers (networkx).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import json
 import logging
 import sys
-import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from broker.client import Client, Delivery
-from broker.errors import SlowConsumerError, TrellisError
-from broker.language.filters import Filter
-from broker.language.grammar import parse_attrs
-from reconfig.mtpsto.cli import add_pst_parser
+from broker.errors import TrellisError
+
+if TYPE_CHECKING:
+    from broker.client import Delivery
+    from broker.language.filters import Filter
+    from overlay.tree import Tree
 
 log = logging.getLogger("trellis.cli")
+
+T = TypeVar("T")
 
 
 def setup_logging(level: str = "info") -> None:
@@ -32,8 +38,9 @@ def setup_logging(level: str = "info") -> None:
     )
 
 
-def run_async(coro: Any) -> Any:
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine on uvloop when available."""
+    factory: Callable[[], asyncio.AbstractEventLoop] | None
     try:
         import uvloop
 
@@ -70,6 +77,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 def delivery_json(msg: Delivery) -> str:
     """One JSON object per delivery; payload as text when it is UTF-8, else base64."""
+    import base64
+
     obj: dict[str, Any] = {"publisher": msg.publisher, "seq": msg.seq, "attrs": msg.attrs}
     try:
         obj["payload"] = msg.payload.decode("utf-8")
@@ -80,10 +89,15 @@ def delivery_json(msg: Delivery) -> str:
 
 def advertisement_for(attrs: dict[str, Any]) -> Filter:
     """The narrowest advertisement covering publications with exactly these attributes."""
+    from broker.language.filters import Filter
+
     return Filter.from_wire([[name, "eq", value] for name, value in attrs.items()])
 
 
 async def _pub(args: argparse.Namespace) -> int:
+    from broker.client import Client
+    from broker.language.grammar import parse_attrs
+
     attrs = parse_attrs(args.attrs)
     payload = args.payload.encode("utf-8")
     interval = 1.0 / args.rate if args.rate else 0.0
@@ -106,6 +120,9 @@ async def _pub(args: argparse.Namespace) -> int:
 
 
 async def _sub(args: argparse.Namespace) -> int:
+    from broker.client import Client
+    from broker.errors import SlowConsumerError
+
     received = 0
     client = Client(args.endpoint.split(","), client_id=args.client_id, manifest=args.manifest)
     async with client, client.subscribe(args.filter) as sub:
@@ -145,7 +162,7 @@ def cmd_sub(args: argparse.Namespace) -> int:
 # -- local overlay ----------------------------------------------------------------------
 
 
-def tree_for(topology: str, brokers: int, seed: int) -> Any:
+def tree_for(topology: str, brokers: int, seed: int) -> Tree:
     """The overlay tree named on the command line: line, star, random or a JSON file."""
     import random
 
@@ -171,9 +188,9 @@ def replica_counts(text: str, vns: list[str]) -> dict[str, int]:
     return dict(zip(vns, counts, strict=True))
 
 
-def byzantine_modes(items: list[str]) -> dict[str, dict[str, str]]:
+def byzantine_modes(items: list[str]) -> dict[str, dict[str, Any]]:
     """``--byzantine b1.0=drop`` (repeatable) as per-broker config overrides."""
-    overrides = {}
+    overrides: dict[str, dict[str, Any]] = {}
     for item in items:
         broker_id, sep, mode = item.partition("=")
         if not sep:
@@ -318,6 +335,8 @@ def cmd_reconfig(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    import tempfile
+
     from broker.tools.demo import run_demo
 
     workdir = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="trellis-demo-"))
@@ -327,7 +346,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # -- parser -----------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
+    """The ``trellis`` parser; with ``pst``, the MTPSTO solvers' subcommands in full."""
     parser = argparse.ArgumentParser(prog="trellis", description="Trellis pub/sub broker overlay")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -421,13 +441,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=int, default=2000, help="publications to send")
     p.set_defaults(func=cmd_demo)
 
-    add_pst_parser(sub)
+    add_pst_parser(sub, real=pst)
     return parser
 
 
+# -- pst --------------------------------------------------------------------------------
+
+
+def add_pst_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser], *, real: bool
+) -> None:
+    """``trellis pst``: the solvers' own parser when ``pst`` runs (``real``), else only its
+    entry in the command list, so that no other command imports the solvers."""
+    if real:
+        from reconfig.mtpsto.cli import add_pst_parser as add_solver_parser
+
+        add_solver_parser(subparsers)
+        return
+    subparsers.add_parser("pst", help="most trusted publish/subscribe trees (MTPSTO)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(pst=words[:1] == ["pst"])
+    args = parser.parse_args(words)
     if args.command != "broker":
         setup_logging("warning")
     try:

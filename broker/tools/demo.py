@@ -18,9 +18,10 @@ import random
 import re
 import time
 from pathlib import Path
-from typing import Any
 
-from broker.client import Client, Subscription
+from broker.client import Client, Delivery, Subscription
+from broker.errors import TrellisError
+from broker.language.filters import Value
 from broker.language.grammar import parse_filter
 from broker.tools.local import LocalOverlay, metric_by_label, start_overlay
 from overlay.tree import broker_names, line_tree
@@ -43,25 +44,25 @@ SUBSCRIBERS = {
 SYMBOLS = ("ACME", "ABCO", "INIT", "TECH", "ZETA")
 
 
-async def _collect(sub: Subscription, expected: int, deadline: float) -> list[Any]:
-    got = []
+async def _collect(sub: Subscription, expected: int, deadline: float) -> list[Delivery]:
+    got: list[Delivery] = []
     while len(got) < expected:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
         try:
             got.append(await sub.get(remaining))
-        except Exception:
+        except (TrellisError, StopAsyncIteration):
             break
     return got
 
 
 async def _traffic(overlay: LocalOverlay, names: list[str], count: int, rng: random.Random) -> int:
-    quotes = [
+    quotes: list[dict[str, Value]] = [
         {"class": "stock", "symbol": rng.choice(SYMBOLS), "price": round(rng.uniform(1, 100), 2)}
         for _ in range(count)
     ]
-    orders = [
+    orders: list[dict[str, Value]] = [
         {"class": "order", "symbol": rng.choice(SYMBOLS), "qty": rng.randrange(1, 1000)}
         for _ in range(count // 20)
     ]
@@ -101,7 +102,7 @@ async def _traffic(overlay: LocalOverlay, names: list[str], count: int, rng: ran
             while True:
                 try:
                     received[name].append(await sub.get(0.3))
-                except Exception:
+                except (TrellisError, StopAsyncIteration):
                     break
         health = await asyncio.to_thread(overlay.health)
         metrics = {b: await asyncio.to_thread(overlay.metrics, b) for b in overlay.brokers}

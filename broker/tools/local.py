@@ -100,7 +100,8 @@ def vn_links(health: Mapping[str, Mapping[str, Any]], vn_of: Mapping[str, str]) 
 
 def fetch_text(url: str, timeout: float = 2.0) -> str:
     with urllib.request.urlopen(url, timeout=timeout) as response:
-        return response.read().decode()
+        body: bytes = response.read()
+    return body.decode()
 
 
 def replica_ids(vn: str, replicas: int) -> list[str]:
@@ -345,11 +346,17 @@ def start_overlay(
 
 
 def read_overlay(workdir: Path) -> dict[str, Any]:
+    """The ``overlay.json`` that ``trellis up`` wrote in ``workdir``."""
     path = workdir / OVERLAY_FILE
     try:
-        return json.loads(path.read_text())
+        info = json.loads(path.read_text())
     except FileNotFoundError:
         raise OverlayError(f"no overlay in {workdir} (missing {OVERLAY_FILE})") from None
+    except ValueError as exc:
+        raise OverlayError(f"{path} is not an overlay description: {exc}") from None
+    if not isinstance(info, dict):
+        raise OverlayError(f"{path} is not an overlay description (not a JSON object)")
+    return info
 
 
 def stop_overlay(workdir: Path, timeout: float = 10.0) -> list[str]:

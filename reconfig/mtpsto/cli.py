@@ -1,6 +1,7 @@
 """``trellis pst``: solve MTPSTO problem files and generate the seed's problem sets.
 
-The lead's ``broker/tools/cli.py`` calls :func:`add_pst_parser` and dispatches ``args.func(args)``.
+``broker/tools/cli.py`` calls :func:`add_pst_parser` only when ``trellis pst`` runs (so no other
+command loads the solvers) and dispatches ``args.func(args)``.
 """
 
 from __future__ import annotations

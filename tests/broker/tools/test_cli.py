@@ -8,6 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from broker.tools import cli
 from broker.tools.launcher import BrokerProcess
 
 
@@ -134,3 +137,42 @@ def test_pst_generate_then_solve_prints_a_proven_tree(tmp_path: Path) -> None:
     assert result["proven_optimal"] is True
     if result["feasible"]:
         assert result["tree"]["root"] == json.loads(problems[-1].read_text())["publisher"]
+
+
+def test_sub_reports_an_unreadable_manifest_without_a_traceback(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.json"
+    out = trellis("sub", "--endpoint", "127.0.0.1:9", "*", "--manifest", str(missing))
+    assert out.returncode == 2
+    assert "trellis sub: error: cannot read the manifest" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_broker_command_loads_neither_the_sdk_nor_the_solvers() -> None:
+    probe = (
+        "import sys\n"
+        "from broker.tools.cli import build_parser\n"
+        "build_parser().parse_args(['broker', '--port', '0'])\n"
+        "heavy = ('networkx', 'reconfig.mtpsto', 'broker.client', 'broker.tools.local',"
+        " 'broker.tools.demo', 'cryptography')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_pst_help_is_the_solvers_own_and_the_command_list_names_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from reconfig.mtpsto.cli import SOLVERS
+
+    with pytest.raises(SystemExit) as done:
+        cli.main(["pst", "solve", "--help"])
+    assert done.value.code == 0
+    solve_help = capsys.readouterr().out
+    assert "usage: trellis pst solve" in solve_help
+    assert "{" + ",".join(SOLVERS) + "}" in solve_help
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert "most trusted publish/subscribe trees" in capsys.readouterr().out

@@ -1,0 +1,213 @@
+"""SDK behaviour against a real broker: timeouts, back-pressure, lifecycle, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.client import Client, Status
+from broker.errors import InvalidRequest, TrellisError, TrellisTimeout
+from broker.tools.launcher import BrokerProcess
+from broker.tools.local import free_ports
+from broker.wire.protocol import Deliver, MsgType, Notice
+from tests.wire import RawPeer
+
+
+@contextlib.contextmanager
+def frozen(broker: BrokerProcess) -> Iterator[None]:
+    """The broker process stopped (SIGSTOP): its connections stay open, but it reads and
+    answers nothing until the block ends."""
+    os.kill(broker.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(broker.pid, signal.SIGCONT)
+
+
+async def test_connect_timeout_really_bounds_the_first_connect() -> None:
+    (port,) = free_ports(1)
+    client = Client(f"127.0.0.1:{port}", connect_timeout=0.5)
+    started = time.monotonic()
+    with pytest.raises(TrellisTimeout, match="could not connect"):
+        await client.connect()
+    assert time.monotonic() - started < 2.0
+    assert client.status is Status.DISCONNECTED
+
+
+async def test_client_is_reusable_but_not_reentrant(broker: BrokerProcess) -> None:
+    client = Client(broker.endpoint)
+    async with client:
+        assert client.status is Status.CONNECTED
+        with pytest.raises(InvalidRequest, match="not re-entrant"):
+            async with client:
+                pass
+    assert client.status is Status.CLOSED
+    async with client:
+        await client.flush()
+
+
+async def test_slow_subscriber_loses_messages_visibly_without_stalling_anyone(
+    run_broker: Callable[..., BrokerProcess],
+) -> None:
+    broker = run_broker("slow", send_buffer_limit=65536)
+    total = 1500
+    payload = b"p" * 10_000
+    slow = await RawPeer.connect(broker.endpoint)
+    await slow.hello("slow")
+    await slow.send(MsgType.SUBSCRIBE, 1, "s", [["class", "eq", "bulk"]])
+    await slow.receive()  # ACK
+    async with (
+        Client(broker.endpoint, client_id="fast", queue_size=total + 1) as fast_client,
+        fast_client.subscribe("class = 'bulk'") as fast,
+        Client(broker.endpoint, client_id="producer") as producer,
+    ):
+        await producer.advertise("class = 'bulk'")
+        started = time.monotonic()
+        for i in range(total):
+            await producer.publish({"class": "bulk", "i": i}, payload)
+        await producer.drain()
+        got = [(await fast.get(10)).attrs["i"] for _ in range(total)]
+        assert got == list(range(total))
+        assert time.monotonic() - started < 30
+    # The slow peer now reads everything: some deliveries were dropped and reported.
+    received, dropped = 0, 0
+    while True:
+        try:
+            msg = await slow.receive(timeout=2)
+        except TimeoutError:
+            break
+        if isinstance(msg, Deliver):
+            received += 1
+        elif isinstance(msg, Notice) and msg.kind == "dropped":
+            dropped += msg.data["subscriptions"]["s"]
+    await slow.close()
+    assert dropped > 0
+    assert received + dropped == total
+
+
+async def test_subscription_queue_overflow_raises_slow_consumer_once(broker: BrokerProcess) -> None:
+    from broker.errors import SlowConsumerError
+
+    async with (
+        Client(broker.endpoint, queue_size=5) as c,
+        c.subscribe("class = 'q'") as sub,
+        Client(broker.endpoint) as p,
+    ):
+        await p.advertise("class = 'q'")
+        for i in range(20):
+            await p.publish({"class": "q", "i": i})
+        await c.flush()
+        await asyncio.sleep(0.1)
+        with pytest.raises(SlowConsumerError) as info:
+            await sub.get(1)
+        assert info.value.dropped == 15
+        assert info.value.pending == 5
+        assert [(await sub.get(1)).attrs["i"] for _ in range(5)] == [0, 1, 2, 3, 4]
+
+
+async def test_publish_without_ack_raises_trellis_timeout_when_the_broker_stops_reading(
+    broker: BrokerProcess,
+) -> None:
+    async def flood(client: Client) -> None:
+        # Kernel buffers take a few MB; then flow control must stop the publisher.
+        async with asyncio.timeout(30):
+            while True:
+                await client.publish({"class": "bulk"}, b"x" * 500_000, ack=False)
+
+    async with Client(broker.endpoint, request_timeout=0.5) as client:
+        await client.advertise("class = 'bulk'")
+        with frozen(broker), pytest.raises(TrellisTimeout, match="no more data") as info:
+            await flood(client)
+    assert isinstance(info.value, TimeoutError)
+
+
+async def test_drain_and_flush_raise_trellis_timeout_and_leave_requests_in_flight(
+    broker: BrokerProcess,
+) -> None:
+    async with Client(broker.endpoint) as client:
+        await client.advertise("class = 'd'")
+        with frozen(broker):
+            publishing = asyncio.create_task(client.publish({"class": "d"}))
+            await asyncio.sleep(0.1)
+            with pytest.raises(TrellisTimeout, match="unacknowledged") as info:
+                await client.drain(timeout=0.3)
+            assert isinstance(info.value, TimeoutError)
+            with pytest.raises(TrellisTimeout, match=r"within 0.3 s"):
+                await client.flush(timeout=0.3)
+            assert not publishing.done()
+        # The timed-out drain must not have cancelled the publication it waited for.
+        assert await asyncio.wait_for(publishing, 10) == 1
+        await client.drain(timeout=5)
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (None, "No such file"),
+        (b"{not json", "cannot read the manifest"),
+        (b"\xff\xfe\x00", "cannot read the manifest"),
+        (b"[1, 2]", "malformed manifest"),
+        (b'{"tree": 1, "members": {}, "keys": {}}', "malformed manifest"),
+    ],
+)
+def test_a_bad_manifest_file_raises_invalid_request(
+    tmp_path: Path, content: bytes | None, reason: str
+) -> None:
+    path = tmp_path / "manifest.json"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(InvalidRequest, match=reason):
+        Client("127.0.0.1:9", manifest=path)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"endpoints": []},
+        {"endpoints": "no-port"},
+        {"endpoints": "127.0.0.1:99999"},
+        {"endpoints": ["127.0.0.1:9", "127.0.0.1"]},
+        {"endpoints": "127.0.0.1:9", "key_refresh": 0},
+    ],
+)
+def test_bad_client_arguments_raise_invalid_request(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        Client(**kwargs)
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("attrs", "payload"),
+    [
+        ({"class": "x"}, "text, not bytes"),
+        ("class = 'x'", b""),
+        ({"class": ["x"]}, b""),
+        ({1: "x"}, b""),
+    ],
+)
+async def test_publish_checks_its_arguments_before_any_io(attrs: Any, payload: Any) -> None:
+    client = Client("127.0.0.1:9", reconnect=False)  # never connected: no I/O may happen
+    with pytest.raises(InvalidRequest):
+        await client.publish(attrs, payload)
+
+
+async def test_requests_on_a_closed_client_raise_trellis_errors(broker: BrokerProcess) -> None:
+    client = Client(broker.endpoint)
+    async with client:
+        pass
+    for request in (
+        client.publish({"class": "x"}),
+        client.publish({"class": "x"}, ack=False),
+        client.advertise("class = 'x'"),
+        client.flush(),
+    ):
+        with pytest.raises(TrellisError):
+            await request
