@@ -72,7 +72,7 @@ from overlay.manifest import Manifest
 from security.envelope import Signer
 from security.paths import KeyAssembly
 from security.propagation import PropagationError, pack_record, unpack_record
-from security.publication import EpochKey
+from security.publication import EpochKey, SecBlock
 
 __all__ = ["Client", "Delivery", "Status", "Subscription", "parse_endpoint"]
 
@@ -102,7 +102,7 @@ class Delivery:
     publisher: str
     seq: int
     sub_id: str
-    sec: dict[str, Any] | None = None
+    sec: SecBlock | None = None
 
     @property
     def confidential(self) -> bool:
@@ -265,7 +265,7 @@ class Subscription:
         if seq <= self._delivered.get(publisher, 0):
             return
         versions = self._copies.setdefault(publisher, {}).setdefault(seq, {})
-        sig = delivery.sec["sig"] if delivery.sec else b""
+        sig = delivery.sec.sig if delivery.sec else b""
         content = (delivery.payload, sig, tuple(sorted(delivery.attrs.items())))
         _, replicas = versions.setdefault(content, (delivery, set()))
         replicas.add(replica)
@@ -671,7 +671,7 @@ class Client:
             if not opens_epoch:
                 return Publish(rid, seq, attrs, sealed, sec)
             share = pack_record(epoch.records[link.replica])
-            return Publish(rid, seq, attrs, sealed, {**sec, "share": share})
+            return Publish(rid, seq, attrs, sealed, sec.with_share(share))
 
         if ack:
             await self._request_per_link(make)
@@ -919,7 +919,7 @@ class Client:
             )
             return None
         assert delivery.sec is not None
-        assembly = self._assembly(delivery.publisher, delivery.sec["epoch"])
+        assembly = self._assembly(delivery.publisher, delivery.sec.epoch)
         if assembly.sec is None:
             assembly.sec = delivery.sec
         assembly.recover(self.manifest, self.vn)

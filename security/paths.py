@@ -14,7 +14,7 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 from weakref import WeakKeyDictionary
 
 from security.envelope import (
@@ -32,7 +32,7 @@ from security.propagation import (
     reconstruct,
     threshold_for,
 )
-from security.publication import publication_id
+from security.publication import SecBlock, publication_id
 
 log = logging.getLogger("trellis.security")
 
@@ -56,7 +56,7 @@ _PATH_CACHE = WeakKeyDictionary()
 
 
 def path_view(
-    manifest: Membership, publisher: str, sec: dict[str, Any], path: tuple[str, ...]
+    manifest: Membership, publisher: str, sec: SecBlock, path: tuple[str, ...]
 ) -> PathView:
     """Who may sign each split of this publication along the VN ``path`` it travelled."""
     paths = _PATH_CACHE.setdefault(manifest, {})
@@ -67,11 +67,11 @@ def path_view(
             tuple(Member(b, public_key_from_bytes(manifest.keys[b])) for b in manifest.members[vn])
             for vn in path
         )
-    return PathView(Member(publisher, public_key_from_bytes(sec["pk"])), vns)
+    return PathView(Member(publisher, public_key_from_bytes(sec.pk)), vns)
 
 
 def claimed_path(
-    manifest: Membership, sec: dict[str, Any], record: ShareRecord, holder_vn: str
+    manifest: Membership, sec: SecBlock, record: ShareRecord, holder_vn: str
 ) -> tuple[str, ...] | None:
     """The VN path a key share says it travelled, or None when that cannot be a path.
 
@@ -84,7 +84,7 @@ def claimed_path(
     h = record.level
     if h < 1 or len(record.certs) != h:
         return None
-    path = [str(sec["vn"])]
+    path = [sec.vn]
     for d in range(1, h):
         vn = manifest.owner(record.certs[d].splitter)
         if vn is None or (d == 1 and vn != path[0]):
@@ -114,7 +114,7 @@ class PathVote:
     def offer(
         self,
         manifest: Membership,
-        sec: dict[str, Any],
+        sec: SecBlock,
         record: ShareRecord,
         sender: str,
         holder_vn: str,
@@ -155,7 +155,7 @@ class KeyAssembly:
     shares: list[tuple[str, ShareRecord]] = field(default_factory=list)
     key: bytes | None = None
     culprits: frozenset[str] = frozenset()
-    sec: dict[str, Any] | None = None
+    sec: SecBlock | None = None
     paths: dict[tuple[str, ...], PathShares] = field(default_factory=dict)
     _vote: PathVote = field(default_factory=PathVote)
     _claims: dict[tuple[str, ...], list[tuple[str, ShareRecord]]] = field(default_factory=dict)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from security.envelope import (
@@ -25,6 +25,41 @@ from security.envelope import (
     verify_publication,
 )
 from security.propagation import ShareRecord, publisher_split, threshold_for
+
+
+@dataclass(frozen=True, slots=True)
+class SecBlock:
+    """The security block of a confidential publication, as it travels with the content.
+
+    Attributes:
+        pk: the publisher's Ed25519 public key (raw 32 bytes).
+        sig: the publisher's signature over :func:`signed_id`, the attributes and the
+            sealed payload.
+        vn: the publisher's edge VN, where its key shares start.
+        epoch: the key epoch (the seq of the epoch's first publication).
+        share: the key share for one edge replica; only on a client's ``PUBLISH`` of an
+            epoch's first publication, never forwarded with the content.
+    """
+
+    pk: bytes
+    sig: bytes
+    vn: str
+    epoch: int
+    share: bytes | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        """The msgpack map form (``share`` only when present)."""
+        wire: dict[str, Any] = {"pk": self.pk, "sig": self.sig, "vn": self.vn, "epoch": self.epoch}
+        if self.share is not None:
+            wire["share"] = self.share
+        return wire
+
+    def with_share(self, share: bytes) -> SecBlock:
+        return replace(self, share=share)
+
+    def without_share(self) -> SecBlock:
+        """What travels on with the content once the edge broker took its share."""
+        return self if self.share is None else replace(self, share=None)
 
 
 def publication_id(publisher: str, seq: int) -> bytes:
@@ -62,19 +97,19 @@ class EpochKey:
 
     def seal(
         self, signer: Signer, seq: int, attrs: Mapping[str, AttributeValue], payload: bytes
-    ) -> tuple[bytes, dict[str, Any]]:
-        """Encrypt and sign one publication; returns the sealed payload and ``sec`` block."""
+    ) -> tuple[bytes, SecBlock]:
+        """Encrypt and sign one publication; returns the sealed payload and its block."""
         self.used += 1
         pub_id = publication_id(signer.id, seq)
         sealed = seal(self.key, pub_id, attrs, payload)
-        sec = {
-            "pk": public_key_to_bytes(signer.public_key),
-            "sig": sign_publication(
+        sec = SecBlock(
+            pk=public_key_to_bytes(signer.public_key),
+            sig=sign_publication(
                 signer.key, signed_id(signer.id, seq, self.vn, self.first_seq), attrs, sealed
             ),
-            "vn": self.vn,
-            "epoch": self.first_seq,
-        }
+            vn=self.vn,
+            epoch=self.first_seq,
+        )
         return sealed, sec
 
 
@@ -89,16 +124,16 @@ def signature_valid(
     seq: int,
     attrs: Mapping[str, AttributeValue],
     payload: bytes,
-    sec: dict[str, Any],
+    sec: SecBlock,
 ) -> bool:
     """Whether ``sec`` carries the publisher's valid signature over this content."""
     try:
         verify_publication(
-            public_key_from_bytes(sec["pk"]),
-            signed_id(publisher, seq, sec["vn"], sec["epoch"]),
+            public_key_from_bytes(sec.pk),
+            signed_id(publisher, seq, sec.vn, sec.epoch),
             attrs,
             payload,
-            sec["sig"],
+            sec.sig,
         )
     except (EnvelopeError, ValueError):
         return False

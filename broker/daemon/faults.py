@@ -18,7 +18,6 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from broker.daemon.config import BrokerConfig, NeighbourConfig
 from broker.daemon.forwarding import Forwarder
@@ -28,6 +27,7 @@ from broker.daemon.stats import BrokerStats
 from broker.language.filters import Value
 from broker.routing.router import Router
 from security.propagation import ShareRecord
+from security.publication import SecBlock
 
 
 class _DroppingForwarder(Forwarder):
@@ -38,15 +38,13 @@ class _DroppingForwarder(Forwarder):
         seq: int,
         attrs: Mapping[str, Value],
         payload: bytes,
-        sec: dict[str, Any] | None = None,
+        sec: SecBlock | None = None,
     ) -> None:
         return
 
 
 class _DroppingShares(SecureForwarding):
-    def routed(
-        self, publisher: str, epoch: int, targets: Iterable[Hop], sec: dict[str, Any]
-    ) -> None:
+    def routed(self, publisher: str, epoch: int, targets: Iterable[Hop], sec: SecBlock) -> None:
         return
 
     def share_arrived(
@@ -63,7 +61,7 @@ class _CorruptingForwarder(Forwarder):
         seq: int,
         attrs: Mapping[str, Value],
         payload: bytes,
-        sec: dict[str, Any] | None = None,
+        sec: SecBlock | None = None,
     ) -> None:
         super().route(source, publisher, seq, attrs, bytes(b ^ 0x5A for b in payload), sec)
 

@@ -18,7 +18,6 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Mapping
-from typing import Any
 
 from broker.daemon.hops import Hop, SeenPublications
 from broker.daemon.shares import SecureForwarding
@@ -27,6 +26,7 @@ from broker.language.filters import Value
 from broker.routing.router import Router
 from broker.wire.protocol import Forward, Publish, encode_deliver, encode_forward
 from security.errors import InvalidRequest
+from security.publication import SecBlock
 
 log = logging.getLogger("trellis.routing")
 
@@ -66,11 +66,9 @@ class Forwarder:
         problem = self.shares.check_publish(client_id, msg)
         if problem:
             return InvalidRequest(f"PUBLISH seq {msg.seq}: {problem}")
-        share = sec.get("share")
-        public = {k: v for k, v in sec.items() if k != "share"}
-        self.route(source, client_id, msg.seq, msg.attrs, msg.payload, public)
-        if share is not None:
-            self.shares.share_arrived(client_id, msg.seq, share)
+        self.route(source, client_id, msg.seq, msg.attrs, msg.payload, sec.without_share())
+        if sec.share is not None:
+            self.shares.share_arrived(client_id, msg.seq, sec.share)
         return None
 
     def forward(self, source: Hop, sender: str | None, msg: Forward) -> None:
@@ -92,7 +90,7 @@ class Forwarder:
         seq: int,
         attrs: Mapping[str, Value],
         payload: bytes,
-        sec: dict[str, Any] | None = None,
+        sec: SecBlock | None = None,
     ) -> None:
         """Deliver to matching local subscribers and forward toward matching brokers."""
         stats = self.stats
@@ -128,4 +126,4 @@ class Forwarder:
                 stats.deliveries += 1
         if sec is not None:
             # After the content, so every hop sees a publication before its key shares.
-            self.shares.routed(publisher, sec["epoch"], targets, sec)
+            self.shares.routed(publisher, sec.epoch, targets, sec)

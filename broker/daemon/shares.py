@@ -40,7 +40,7 @@ from security.propagation import (
     threshold_for,
     unpack_record,
 )
-from security.publication import publication_id, signature_valid
+from security.publication import SecBlock, publication_id, signature_valid
 
 log = logging.getLogger("trellis.security")
 
@@ -84,7 +84,7 @@ class SecureForwarding:
         # sender)
         self.unverified: OrderedDict[tuple[str, int], list[tuple[ShareRecord, str]]] = OrderedDict()
         # The security block of each epoch whose content was routed here.
-        self.secs: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
+        self.secs: OrderedDict[tuple[str, int], SecBlock] = OrderedDict()
 
     @property
     def enabled(self) -> bool:
@@ -96,18 +96,18 @@ class SecureForwarding:
             return "this broker has no key or manifest: confidential forwarding is disabled"
         sec = msg.sec
         assert sec is not None
-        if sec["vn"] != self.vn:
-            return f"sec.vn is {sec['vn']!r} but this broker belongs to {self.vn!r}"
-        if sec["epoch"] > msg.seq:
-            return f"epoch {sec['epoch']} starts after the publication itself"
+        if sec.vn != self.vn:
+            return f"sec.vn is {sec.vn!r} but this broker belongs to {self.vn!r}"
+        if sec.epoch > msg.seq:
+            return f"epoch {sec.epoch} starts after the publication itself"
         if not signature_valid(publisher, msg.seq, msg.attrs, msg.payload, sec):
             return "the publisher signature does not verify"
-        if "share" not in sec:
+        if sec.share is None:
             return None
-        if sec["epoch"] != msg.seq:
+        if sec.epoch != msg.seq:
             return "key shares travel only with the first publication of their epoch"
         try:
-            record = unpack_record(sec["share"])
+            record = unpack_record(sec.share)
         except PropagationError as exc:
             return f"malformed key share: {exc}"
         if record.pub_id != publication_id(publisher, msg.seq):
@@ -122,7 +122,7 @@ class SecureForwarding:
         seq: int,
         attrs: Any,
         payload: bytes,
-        sec: dict[str, Any],
+        sec: SecBlock,
         sender: str | None,
     ) -> bool:
         """Whether a forwarded confidential publication carries its publisher's valid
@@ -148,9 +148,7 @@ class SecureForwarding:
                 table.popitem(last=False)
         return entry
 
-    def routed(
-        self, publisher: str, epoch: int, targets: Iterable[Hop], sec: dict[str, Any]
-    ) -> None:
+    def routed(self, publisher: str, epoch: int, targets: Iterable[Hop], sec: SecBlock) -> None:
         """A publication of ``epoch`` went to ``targets``: serve the hops new to the epoch."""
         if not self.enabled:
             return
@@ -202,7 +200,7 @@ class SecureForwarding:
             self._open_inboxes(key)
 
     def _claim(
-        self, key: tuple[str, int], sec: dict[str, Any], record: ShareRecord, sender: str
+        self, key: tuple[str, int], sec: SecBlock, record: ShareRecord, sender: str
     ) -> tuple[str, ...] | None:
         """The path ``record`` claims; None, and its sender blamed, when it cannot be one."""
         assert self.manifest is not None

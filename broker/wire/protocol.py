@@ -48,6 +48,7 @@ import msgpack
 
 from broker.errors import FilterError, InvalidRequest, PayloadTooLarge, ProtocolError
 from broker.language.filters import Filter, Value
+from security.publication import SecBlock
 
 PROTOCOL_VERSION = 1
 DEFAULT_MAX_FRAME = 1024 * 1024
@@ -136,7 +137,7 @@ class Publish:
     seq: int
     attrs: dict[str, Value]
     payload: bytes
-    sec: dict[str, Any] | None = None
+    sec: SecBlock | None = None
 
 
 @dataclass(slots=True)
@@ -146,7 +147,7 @@ class Deliver:
     seq: int
     attrs: dict[str, Value]
     payload: bytes
-    sec: dict[str, Any] | None = None
+    sec: SecBlock | None = None
 
 
 @dataclass(slots=True)
@@ -183,7 +184,7 @@ class Forward:
     seq: int
     attrs: dict[str, Value]
     payload: bytes
-    sec: dict[str, Any] | None = None
+    sec: SecBlock | None = None
 
 
 @dataclass(slots=True)
@@ -251,9 +252,9 @@ def to_wire(msg: Message) -> list[Any]:
     """The msgpack-ready array for ``msg``."""
     match msg:
         case Publish(rid, seq, attrs, payload, sec):
-            return [MsgType.PUBLISH, rid, seq, attrs, payload, sec]
+            return [MsgType.PUBLISH, rid, seq, attrs, payload, _sec_wire(sec)]
         case Deliver(sub_ids, publisher, seq, attrs, payload, sec):
-            return [MsgType.DELIVER, sub_ids, publisher, seq, attrs, payload, sec]
+            return [MsgType.DELIVER, sub_ids, publisher, seq, attrs, payload, _sec_wire(sec)]
         case Ack(rid):
             return [MsgType.ACK, rid]
         case Hello(version, role, ident, options):
@@ -277,7 +278,7 @@ def to_wire(msg: Message) -> list[Any]:
         case Notice(kind, data):
             return [MsgType.NOTICE, kind, data]
         case Forward(publisher, seq, attrs, payload, sec):
-            return [MsgType.FORWARD, publisher, seq, attrs, payload, sec]
+            return [MsgType.FORWARD, publisher, seq, attrs, payload, _sec_wire(sec)]
         case Share(publisher, seq, record):
             return [MsgType.SHARE, publisher, seq, record]
         case LinkState(broker_id, vn, version, neighbours):
@@ -287,11 +288,16 @@ def to_wire(msg: Message) -> list[Any]:
     raise TypeError(f"not a protocol message: {msg!r}")
 
 
+def _sec_wire(sec: SecBlock | None) -> dict[str, Any] | None:
+    return None if sec is None else sec.to_wire()
+
+
 def encode_forward(
-    publisher: str, seq: int, attrs: Any, payload: bytes, sec: dict[str, Any] | None = None
+    publisher: str, seq: int, attrs: Any, payload: bytes, sec: SecBlock | None = None
 ) -> bytes:
     """Fast path for publications travelling between brokers."""
-    return frame(_packb([_FORWARD, publisher, seq, attrs, payload, sec]))
+    wire = None if sec is None else sec.to_wire()
+    return frame(_packb([_FORWARD, publisher, seq, attrs, payload, wire]))
 
 
 def encode_deliver(
@@ -300,10 +306,11 @@ def encode_deliver(
     seq: int,
     attrs: Any,
     payload: bytes,
-    sec: dict[str, Any] | None = None,
+    sec: SecBlock | None = None,
 ) -> bytes:
     """Fast path for the broker's hottest frame (skips building a ``Deliver`` object)."""
-    return frame(_packb([_DELIVER, sub_ids, publisher, seq, attrs, payload, sec]))
+    wire = None if sec is None else sec.to_wire()
+    return frame(_packb([_DELIVER, sub_ids, publisher, seq, attrs, payload, wire]))
 
 
 # ---------------------------------------------------------------------------------------
@@ -598,7 +605,7 @@ def _build_share(name: str, raw: list[Any]) -> Share:
     return Share(_ident(name, "publisher", raw[1]), _uint(name, "seq", raw[2]), record)
 
 
-def _sec(name: str, value: object) -> dict[str, Any] | None:
+def _sec(name: str, value: object) -> SecBlock | None:
     """Check the security block of a confidential publication (nil for plain ones)."""
     if value is None:
         return None
@@ -614,7 +621,13 @@ def _sec(name: str, value: object) -> dict[str, Any] | None:
         raise InvalidRequest(f"{name} field 'sec.epoch' must be a positive integer")
     if type(value.get("vn")) is not str:
         raise InvalidRequest(f"{name} field 'sec.vn' must be a string")
-    return value
+    unknown = set(value) - _SEC_FIELDS
+    if unknown:
+        raise InvalidRequest(f"{name} field 'sec' has unknown keys {sorted(unknown)}")
+    return SecBlock(value["pk"], value["sig"], value["vn"], epoch, value.get("share"))
+
+
+_SEC_FIELDS = frozenset(("pk", "sig", "vn", "epoch", "share"))
 
 
 def _build_linkstate(name: str, raw: list[Any]) -> LinkState:

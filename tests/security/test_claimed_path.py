@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from overlay.manifest import Manifest
 from overlay.tree import line_tree
 from security.paths import PathVote, claimed_path
+from security.publication import SecBlock
 
 VNS = ("a", "b", "c", "d")
 MANIFEST = Manifest(
@@ -19,7 +20,7 @@ MANIFEST = Manifest(
     {vn: tuple(f"{vn}.{i}" for i in range(3)) for vn in VNS},
     {f"{vn}.{i}": bytes(32) for vn in VNS for i in range(3)},
 )
-SEC = {"vn": "a"}
+SEC = SecBlock(pk=b"", sig=b"", vn="a", epoch=1)
 
 
 def share(*splitters: str) -> SimpleNamespace:
@@ -74,7 +75,7 @@ def test_an_epoch_split_across_a_move_is_recovered_from_the_complete_path() -> N
         {vn: tuple(f"{vn}.{i}" for i in range(3)) for vn in "abc"},
         {b: public_key_to_bytes(k.public_key()) for b, k in keys.items()},
     )
-    sec = {"vn": "a", "pk": public_key_to_bytes(publisher.public_key())}
+    sec = SecBlock(pk=public_key_to_bytes(publisher.public_key()), sig=b"", vn="a", epoch=1)
     secret = bytes(range(32))
     pub_id = publication_id("pub", 1)
     level1 = publisher_split(secret, threshold_for(3), 3, Signer("pub", publisher), pub_id)

@@ -30,6 +30,7 @@ from broker.wire.protocol import (
     Welcome,
     encode,
 )
+from security.publication import SecBlock
 
 EXAMPLES = [
     Hello(1, Role.CLIENT, "c1", {"x": 1}),
@@ -45,6 +46,8 @@ EXAMPLES = [
     Ping(11),
     Pong(12),
     Notice("dropped", {"subscriptions": {"s1": 3}}),
+    Publish(13, 1, {"class": "x"}, b"sealed", SecBlock(b"k" * 32, b"s" * 64, "b0", 1, b"share")),
+    Deliver(["s1"], "c1", 2, {"class": "x"}, b"sealed", SecBlock(b"k" * 32, b"s" * 64, "b0", 1)),
 ]
 
 
@@ -126,3 +129,13 @@ def test_non_string_attribute_names_are_refused() -> None:
     body = msgpack.packb([7, 1, 1, {1: "x"}, b"", None])
     with pytest.raises(InvalidRequest, match="attribute name 1"):
         list(FrameDecoder().feed(struct.pack(">I", len(body)) + body))
+
+
+def test_a_security_block_with_an_unknown_key_is_refused_naming_it() -> None:
+    sec = {"pk": b"k", "sig": b"s", "vn": "b0", "epoch": 1, "shares": b"typo"}
+    frame = encode(Publish(1, 1, {"class": "x"}, b""))
+    body = msgpack.unpackb(frame[4:])
+    body[5] = sec
+    packed = msgpack.packb(body)
+    with pytest.raises(InvalidRequest, match=r"field 'sec' has unknown keys \['shares'\]"):
+        list(FrameDecoder().feed(struct.pack(">I", len(packed)) + packed))
