@@ -66,7 +66,7 @@ REPO = BENCH_DIR.parent
 if str(BENCH_DIR) not in sys.path:
     sys.path.insert(0, str(BENCH_DIR))
 
-from peers import cpu_seconds, start_amqtt, start_mosquitto, start_nats  # noqa: E402
+from peers import cpu_seconds, peer_version, start_amqtt, start_mosquitto, start_nats  # noqa: E402
 
 PAYLOAD_SIZE = 100
 PROBE = b"probe"
@@ -788,18 +788,6 @@ def _goal(sign: str, goal: float | None, ratio: float) -> str:
     return f"{sign} {goal:g}× ({'met' if met else 'NOT met'})"
 
 
-def _version(cmd: list[str]) -> str:
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=5, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return "?"
-    text = (out.stdout + out.stderr).strip()
-    for line in text.splitlines():
-        if "version" in line:
-            return line.strip()
-    return text.splitlines()[0] if text else "?"
-
-
 def environment() -> list[str]:
     def pkg(name: str) -> str:
         try:
@@ -817,8 +805,9 @@ def environment() -> list[str]:
         f"- machine: {os.cpu_count()} shared cores ({model}), Linux {platform.release()}",
         f"- Python {platform.python_version()}; trellis {pkg('trellis')}, uvloop {pkg('uvloop')}, "
         f"msgpack {pkg('msgpack')}; amqtt {pkg('amqtt')}; nats-py {pkg('nats-py')}",
-        f"- {_version(['mosquitto', '-h'])}; clients: {_version(['mosquitto_pub', '--help'])}",
-        f"- {_version([shutil.which('nats-server') or '/usr/sbin/nats-server', '--version'])}",
+        f"- {peer_version(['mosquitto', '-h'])}; "
+        f"clients: {peer_version(['mosquitto_pub', '--help'])}",
+        f"- {peer_version([shutil.which('nats-server') or '/usr/sbin/nats-server', '--version'])}",
     ]
 
 

@@ -58,6 +58,11 @@ from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
+if str(BENCH_DIR) not in sys.path:
+    sys.path.insert(0, str(BENCH_DIR))
+
+from peers import free_port, peer_version  # noqa: E402
+
 RESULTS = BENCH_DIR / "RESULTS-footprint.md"
 
 READY_TIMEOUT = 60.0  # one daemon: spawn until its ready file appears
@@ -79,13 +84,6 @@ at the top of `bench/bench_footprint.py`; each section below was appended by
 
 # ---------------------------------------------------------------------------------------
 # Processes
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nobody listens on right now (the caller races other processes for it)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def stop_pid(proc: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT) -> None:
@@ -627,18 +625,6 @@ def part_overlay(
     )
 
 
-def _version(cmd: list[str]) -> str:
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=5, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return "?"
-    text = (out.stdout + out.stderr).strip()
-    for line in text.splitlines():
-        if "version" in line.lower() or line.startswith("nats-server"):
-            return line.strip()
-    return text.splitlines()[0] if text else "?"
-
-
 def _git_commit() -> str:
     """HEAD, and the last commit that changed the daemon's code (what this measures)."""
     code = ["--", *PROJECT_PACKAGES]
@@ -677,8 +663,8 @@ def environment(python: str) -> list[str]:
         f"- machine: nproc {os.cpu_count()} ({model}), Linux {platform.release()}, "
         f"load average at start {load}",
         f"- Python {pyver or '?'} ({python}); commit {_git_commit()}",
-        f"- peers: {_version([mosquitto_binary() or 'mosquitto', '-h'])}; "
-        f"{_version([nats_binary() or 'nats-server', '--version'])}",
+        f"- peers: {peer_version([mosquitto_binary() or 'mosquitto', '-h'])}; "
+        f"{peer_version([nats_binary() or 'nats-server', '--version'])}",
     ]
 
 

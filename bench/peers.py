@@ -168,3 +168,16 @@ def start_nats(
     return _start(
         "nats", [binary, "-c", str(config)], workdir, host=host, port=port, timeout=timeout
     )
+
+
+def peer_version(cmd: list[str]) -> str:
+    """The first line of a peer's version output that names its version (or "?")."""
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+    text = (out.stdout + out.stderr).strip()
+    for line in text.splitlines():
+        if "version" in line.lower() or line.startswith("nats-server"):
+            return line.strip()
+    return text.splitlines()[0] if text else "?"
