@@ -28,7 +28,6 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, cast
@@ -431,6 +430,9 @@ class Client:
         self.quorum = replicas // 2 + 1
         self._status = Status.DISCONNECTED
         self._links: dict[int, _Link] = {}
+        # Links past WELCOME whose restore is under way: they get every routing request
+        # (not yet publications), so nothing advertised meanwhile misses them.
+        self._joining: dict[int, _Link] = {}
         self._rids = itertools.count(1)
         self._sub_ids = itertools.count(1)
         self._seq = first_seq - 1
@@ -740,21 +742,12 @@ class Client:
                     f"brokers accepted no more data within {self.request_timeout:g} s"
                 ) from None
 
-    async def _request(
-        self,
-        make: Callable[[int], Message],
-        timeout: float | None = None,
-        *,
-        only: _Link | None = None,
-    ) -> None:
-        """Send one request to every link (or ``only`` one) and wait until it is settled."""
-        if only is None:
-            links, needed = await self._request_links(), self.quorum
-        else:
-            links, needed = [only], 1
+    async def _request(self, make: Callable[[int], Message], timeout: float | None = None) -> None:
+        """Send one request to every link and wait until a majority settled it."""
+        links = await self._request_links()
         rid = next(self._rids)
         msg = make(rid)
-        await self._settle(rid, [(link, msg) for link in links], needed, timeout)
+        await self._settle(rid, [(link, msg) for link in links], self.quorum, timeout)
 
     async def _request_per_link(
         self, make: Callable[[int, _Link], Message], timeout: float | None = None
@@ -765,9 +758,10 @@ class Client:
         await self._settle(rid, [(link, make(rid, link)) for link in links], self.quorum, timeout)
 
     async def _request_links(self) -> list[_Link]:
+        """The links a routing request goes to: the connected ones and those restoring."""
         if self._status is not Status.CONNECTED:
             await self._wait_connected()
-        return list(self._links.values())
+        return [*self._links.values(), *self._joining.values()]
 
     async def _settle(
         self,
@@ -826,11 +820,41 @@ class Client:
         return link
 
     async def _restore(self, link: _Link) -> None:
-        """Re-send advertisements and subscriptions to one (re)connected broker."""
-        for adv_id, flt in list(self._advertisements.items()):
-            await self._request(partial(Advertise, adv_id=adv_id, filter=flt), only=link)
-        for sub in list(self._subscriptions.values()):
-            await self._request(partial(Subscribe, sub_id=sub.id, filter=sub.filter), only=link)
+        """Re-send advertisements and subscriptions to one (re)connected broker.
+
+        The snapshot, its frames and the link's entry into ``_joining`` happen in one step:
+        a request made afterwards goes to this link too, behind the snapshot on the same
+        connection, so the broker holds every advertisement before the link carries a
+        publication (frames on one connection stay in order).
+        """
+        requests: list[tuple[int, Message]] = []
+        for adv_id, flt in self._advertisements.items():
+            rid = next(self._rids)
+            requests.append((rid, Advertise(rid, adv_id, flt)))
+        for sub in self._subscriptions.values():
+            rid = next(self._rids)
+            requests.append((rid, Subscribe(rid, sub.id, sub.filter)))
+        pendings = []
+        try:
+            for rid, msg in requests:
+                pending = self._pending[rid] = _Pending(1, {link.index})
+                pendings.append((rid, pending))
+                link.send(msg)
+            self._joining[link.index] = link
+            async with asyncio.timeout(self.request_timeout):
+                for _, pending in pendings:
+                    await asyncio.shield(pending.future)
+        except TimeoutError:
+            raise TrellisTimeout(
+                f"broker did not confirm the restored state within {self.request_timeout:g} s"
+            ) from None
+        finally:
+            if self._joining.get(link.index) is link:
+                del self._joining[link.index]
+            for rid, pending in pendings:
+                self._pending.pop(rid, None)
+                if not pending.future.done():
+                    pending.future.cancel()
 
     def _update_status(self) -> None:
         if self._status is Status.CLOSED:
@@ -867,8 +891,10 @@ class Client:
             try:
                 await self._restore(link)
             except (TrellisError, TimeoutError) as exc:
-                log.debug("restoring state at %s:%d failed: %s", host, port, exc)
+                log.warning("restoring state at %s:%d failed: %s", host, port, exc)
                 link.close()
+                continue
+            if link.lost.done():
                 continue
             self._links[index] = link
             self._update_status()
@@ -881,6 +907,8 @@ class Client:
         reason = link.fatal or ConnectionLost("connection to the broker was lost")
         for pending in list(self._pending.values()):
             pending.answer(link.index, reason)
+        if self._joining.get(link.index) is link:
+            del self._joining[link.index]
         if self._links.get(link.index) is link:
             del self._links[link.index]
             self._update_status()
@@ -960,7 +988,9 @@ class Client:
                 if pending is not None:
                     pending.answer(link.index, exc)
                 elif rid == 0:
-                    log.warning("broker closed the connection: %s: %s", code, message)
+                    # A refused request without an ACK (PUBLISH with ack=False) leaves the
+                    # connection open; a protocol error closes it, and is then the reason.
+                    log.warning("broker %s refused: %s: %s", link.broker_id, code, message)
                     link.fatal = exc
             case Welcome():
                 if not link.welcome.done():

@@ -211,3 +211,113 @@ async def test_requests_on_a_closed_client_raise_trellis_errors(broker: BrokerPr
     ):
         with pytest.raises(TrellisError):
             await request
+
+
+class GatedProxy:
+    """A loopback TCP proxy whose broker-to-client direction is held at a gate: chunks
+    pass only as the test lets them (``release(n)``, ``open()``)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.to_client: asyncio.Queue[bytes] = asyncio.Queue()
+        self.credit = asyncio.Semaphore(0)
+        self.opened = False
+        self.from_client: list[bytes] = []
+        self.client_data = asyncio.Event()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"127.0.0.1:{port}"
+
+    def release(self, chunks: int = 1) -> None:
+        for _ in range(chunks):
+            self.credit.release()
+
+    def open(self) -> None:
+        self.opened = True
+        self.release(1_000_000)
+
+    async def _serve(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
+        breader, bwriter = await asyncio.open_connection("127.0.0.1", self.target_port)
+
+        async def upstream() -> None:
+            while data := await creader.read(65536):
+                self.from_client.append(data)
+                self.client_data.set()
+                bwriter.write(data)
+            bwriter.close()
+
+        async def downstream() -> None:
+            while data := await breader.read(65536):
+                await self.credit.acquire()
+                cwriter.write(data)
+            cwriter.close()
+
+        for coro in (upstream(), downstream()):
+            task = asyncio.create_task(coro)
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def wait_client_chunks(self, count: int, timeout: float = 5.0) -> None:
+        async with asyncio.timeout(timeout):
+            while len(self.from_client) < count:
+                self.client_data.clear()
+                await self.client_data.wait()
+
+    async def close(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+
+@pytest.mark.slow
+async def test_an_advertisement_made_while_a_replica_link_restores_reaches_that_replica(
+    run_broker: Callable[..., BrokerProcess],
+) -> None:
+    # The demo flake: the third replica's link came up (WELCOME) while the publisher was
+    # advertising; its restore re-sent the advertisements it had snapshotted, the new one
+    # went only to the links already up, and the replica then refused every publication
+    # under it ("advertise first").
+    brokers = [run_broker(f"r{i}") for i in range(3)]
+    proxy = GatedProxy(brokers[2].port)
+    late = await proxy.start()
+    publisher = Client([brokers[0].endpoint, brokers[1].endpoint, late], client_id="pub")
+    try:
+        await publisher.connect()  # a majority: the two direct links
+        await publisher.advertise("class = 'quote'")
+        await proxy.wait_client_chunks(1)  # the late link's HELLO
+        proxy.release(1)  # its WELCOME: the restore starts and re-sends 'quote'
+        await proxy.wait_client_chunks(2)
+        await publisher.advertise("class = 'order'")  # while the restore waits for its ACK
+        proxy.open()
+        async with asyncio.timeout(5):
+            while len(publisher._links) < 3:  # noqa: ASYNC110 - polls the client
+                await asyncio.sleep(0.01)
+        async with (
+            Client(brokers[2].endpoint) as watcher,
+            watcher.subscribe("class = 'order'") as sub,
+        ):
+            await publisher.publish({"class": "order", "n": 1}, ack=False)
+            await publisher.drain()
+            got = await sub.get(timeout=5)
+            assert got.attrs == {"class": "order", "n": 1}
+    finally:
+        await publisher.close()
+        await proxy.close()
+
+
+async def test_a_refused_publication_without_ack_is_reported_as_refused_and_the_link_stays(
+    broker: BrokerProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with Client(broker.endpoint) as client:
+        await client.publish({"class": "never-advertised"}, ack=False)
+        await client.flush()  # the connection is still open
+        assert client.status is Status.CONNECTED
+    refusals = [r.getMessage() for r in caplog.records if r.name == "trellis.client"]
+    assert any("refused" in m and "advertise first" in m for m in refusals), refusals
+    assert not any("closed the connection" in m for m in refusals)
