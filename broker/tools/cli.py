@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import logging
+import re
+import signal
 import sys
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -40,15 +43,31 @@ def setup_logging(level: str = "info") -> None:
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine on uvloop when available."""
-    factory: Callable[[], asyncio.AbstractEventLoop] | None
-    try:
-        import uvloop
+    from broker.tools.launcher import run_async as run
 
-        factory = uvloop.new_event_loop
-    except ImportError:  # pragma: no cover
-        factory = None
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(coro)
+    return run(coro)
+
+
+class UsageError(ValueError):
+    """An argument the person must fix (exit code 2, one line, no traceback)."""
+
+
+# The signal that interrupted the command (SIGINT unless a SIGTERM or SIGHUP came).
+_interrupted_by: list[int] = []
+
+
+def _terminate_as_interrupt() -> None:
+    """Make SIGTERM and SIGHUP interrupt like Ctrl-C, so that a command that starts
+    processes stops them on every way it can be told to stop."""
+
+    def interrupt(signum: int, _frame: object) -> None:
+        _interrupted_by.append(signum)
+        if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
+            raise KeyboardInterrupt  # SIGINT ignored (a background job): interrupt anyway
+        signal.raise_signal(signal.SIGINT)  # as Ctrl-C, which asyncio.Runner handles too
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
 
 
 # -- broker ---------------------------------------------------------------------------
@@ -68,8 +87,27 @@ def cmd_broker(args: argparse.Namespace) -> int:
     }
     config = load_config(args.config, overrides)
     setup_logging(config.log_level)
-    run(config)
+    try:
+        run(config)
+    except OSError as exc:
+        raise TrellisError(_listen_error(exc, config.host, config.port)) from None
     return 0
+
+
+def _listen_error(exc: OSError, host: str, port: int) -> str:
+    """One line for a broker that cannot listen: which address and what to do."""
+    found = re.search(r"\('([^']*)', (\d+)\)", str(exc))
+    where = f"{found.group(1)}:{found.group(2)}" if found else f"{host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"cannot listen on {where}: the address is already in use; stop what holds it or "
+            f"choose another port with --port (0 picks a free one)"
+        )
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"cannot listen on {where}: no such local address; check --host"
+    if exc.errno == errno.EACCES:
+        return f"cannot listen on {where}: permission denied; use a port above 1023"
+    return f"cannot listen on {where}: {exc.strerror or exc}"
 
 
 # -- pub / sub --------------------------------------------------------------------------
@@ -94,11 +132,46 @@ def advertisement_for(attrs: dict[str, Any]) -> Filter:
     return Filter.from_wire([[name, "eq", value] for name, value in attrs.items()])
 
 
+def format_attrs(attrs: dict[str, Any]) -> str:
+    """Attributes as ``--attrs`` takes them: ``class='x',price=5,ok=true``."""
+
+    def literal(value: Any) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, str):
+            escaped = value.replace("\\", "\\\\").replace("'", "\\'")
+            escaped = escaped.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+            return f"'{escaped}'"
+        return str(value)
+
+    return ",".join(f"{name}={literal(value)}" for name, value in attrs.items())
+
+
+def delivery_line(msg: Delivery) -> str:
+    """One plain line per delivery: ``publisher#seq attrs payload`` (payload as text when it
+    is printable UTF-8, else its size and base64)."""
+    import base64
+
+    line = f"{msg.publisher}#{msg.seq} {format_attrs(msg.attrs)}"
+    try:
+        text: str | None = msg.payload.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None and text.isprintable():
+        return f"{line} {text}" if text else line
+    return f"{line} <{len(msg.payload)} bytes, base64 {base64.b64encode(msg.payload).decode()}>"
+
+
 async def _pub(args: argparse.Namespace) -> int:
     from broker.client import Client
     from broker.language.grammar import parse_attrs
 
     attrs = parse_attrs(args.attrs)
+    if not attrs:
+        raise UsageError(
+            "--attrs is empty: a publication needs at least one attribute, "
+            "e.g. --attrs \"class='stock',price=5\""
+        )
     payload = args.payload.encode("utf-8")
     interval = 1.0 / args.rate if args.rate else 0.0
     client = Client(
@@ -119,32 +192,61 @@ async def _pub(args: argparse.Namespace) -> int:
     return 0
 
 
+class _NoManifestHint(logging.Filter):
+    """The SDK warns once per held-back confidential publication when it has no manifest;
+    a person needs to hear it once, with what to do."""
+
+    said = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("confidential publication") or "no manifest" not in str(
+            record.msg
+        ):
+            return True
+        if not self.said:
+            self.said = True
+            print(
+                "trellis sub: confidential publications arrive but cannot be decrypted without "
+                "the overlay manifest (they are held back): run again with --manifest "
+                "DIR/manifest.json",
+                file=sys.stderr,
+                flush=True,
+            )
+        return False
+
+
 async def _sub(args: argparse.Namespace) -> int:
     from broker.client import Client
     from broker.errors import SlowConsumerError
 
+    if args.manifest is None:
+        logging.getLogger("trellis.client").addFilter(_NoManifestHint())
     received = 0
     client = Client(args.endpoint.split(","), client_id=args.client_id, manifest=args.manifest)
-    async with client, client.subscribe(args.filter) as sub:
-        if args.ready_file:
-            await asyncio.to_thread(Path(args.ready_file).write_text, "subscribed\n")
-        deadline = time.monotonic() + args.timeout if args.timeout else None
-        while args.count is None or received < args.count:
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                break
-            try:
-                msg = await sub.get(remaining)
-            except SlowConsumerError as exc:
-                print(f"warning: {exc}", file=sys.stderr)
-                continue
-            except TrellisError:
-                break
-            received += 1
-            if args.json:
-                print(delivery_json(msg), flush=not args.quiet)
-            elif not args.quiet:
-                print(f"{msg.publisher}#{msg.seq} {msg.attrs} {msg.payload!r}", flush=True)
+    try:
+        async with client, client.subscribe(args.filter) as sub:
+            print(f"subscribed to {args.filter} at {args.endpoint}", file=sys.stderr, flush=True)
+            if args.ready_file:
+                await asyncio.to_thread(Path(args.ready_file).write_text, "subscribed\n")
+            deadline = time.monotonic() + args.timeout if args.timeout else None
+            while args.count is None or received < args.count:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    break
+                try:
+                    msg = await sub.get(remaining)
+                except SlowConsumerError as exc:
+                    print(f"warning: {exc}", file=sys.stderr)
+                    continue
+                except TrellisError:
+                    break
+                received += 1
+                if args.quiet:
+                    continue
+                print(delivery_json(msg) if args.json else delivery_line(msg), flush=True)
+    finally:
+        if args.quiet:
+            print(received, flush=True)
     if args.count is not None and received < args.count:
         print(f"received {received} of {args.count} before the timeout", file=sys.stderr)
         return 1
@@ -175,17 +277,36 @@ def tree_for(topology: str, brokers: int, seed: int) -> Tree:
         return star_tree(names)
     if topology == "random":
         return random_tree(names, random.Random(seed))
-    return Tree.from_dict(json.loads(Path(topology).read_text()))
+    try:
+        data = json.loads(Path(topology).read_text())
+    except FileNotFoundError:
+        raise UsageError(
+            f"--topology {topology!r}: not line, star or random, and no such file"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--topology {topology!r}: cannot read a JSON topology: {exc}") from None
+    if not isinstance(data, dict):
+        raise UsageError(
+            f"--topology {topology!r}: not a topology: expected "
+            '{"brokers": ["b0", "b1"], "links": [["b0", "b1"]]}'
+        )
+    return Tree.from_dict(data)
 
 
 def replica_counts(text: str, vns: list[str]) -> dict[str, int]:
     """``--replicas 3`` (every VN) or ``--replicas 3,1,5`` (one per VN, in order)."""
-    counts = [int(part) for part in text.split(",")]
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        counts = []
     if len(counts) == 1:
         counts *= len(vns)
     if len(counts) != len(vns) or min(counts) < 1:
-        raise ValueError(f"--replicas needs 1 or {len(vns)} positive counts, got {text!r}")
+        raise UsageError(f"--replicas needs 1 or {len(vns)} positive counts, got {text!r}")
     return dict(zip(vns, counts, strict=True))
+
+
+BYZANTINE_MODES = ("drop", "corrupt", "equivocate", "collude")
 
 
 def byzantine_modes(items: list[str]) -> dict[str, dict[str, Any]]:
@@ -193,26 +314,50 @@ def byzantine_modes(items: list[str]) -> dict[str, dict[str, Any]]:
     overrides: dict[str, dict[str, Any]] = {}
     for item in items:
         broker_id, sep, mode = item.partition("=")
-        if not sep:
-            raise ValueError(f"--byzantine takes BROKER=MODE, got {item!r}")
+        if not sep or not broker_id:
+            raise UsageError(f"--byzantine takes BROKER=MODE, e.g. b1.2=corrupt; got {item!r}")
+        if mode not in BYZANTINE_MODES:
+            raise UsageError(
+                f"--byzantine {item!r}: no mode {mode!r}; choose {', '.join(BYZANTINE_MODES)}"
+            )
         overrides[broker_id] = {"byzantine": mode}
     return overrides
 
 
+def _up_progress(name: str, up: int, total: int) -> None:
+    print(f"{'' if up > 1 else 'brokers up:'} {name}", end="", file=sys.stderr, flush=True)
+    if up == total:
+        print(f" ({total}); linking...", file=sys.stderr, flush=True)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
-    from broker.tools.local import start_overlay
+    from broker.tools.local import LocalOverlay, start_overlay
 
     tree = tree_for(args.topology, args.vns, args.seed)
-    settings: dict[str, Any] = {"covering": not args.no_covering}
+    replicas = replica_counts(args.replicas, sorted(tree.brokers))
+    overrides = byzantine_modes(args.byzantine)
+    names = LocalOverlay(Path(args.dir), tree, replicas=replicas).broker_ids
+    unknown = sorted(set(overrides) - set(names))
+    if unknown:
+        raise UsageError(
+            f"--byzantine: no broker {', '.join(unknown)} in this overlay; "
+            f"its brokers are {' '.join(names)}"
+        )
+    settings: dict[str, Any] = {"covering": not args.no_covering, "log_level": args.log_level}
     if args.reconfig:
         settings["reconfig"] = {"enabled": True, "interval": args.reconfig_interval}
-    overlay = start_overlay(
-        Path(args.dir),
-        tree,
-        settings,
-        replicas=replica_counts(args.replicas, sorted(tree.brokers)),
-        overrides=byzantine_modes(args.byzantine),
-    )
+    try:
+        overlay = start_overlay(
+            Path(args.dir),
+            tree,
+            settings,
+            replicas=replicas,
+            overrides=overrides,
+            progress=_up_progress,
+        )
+    except KeyboardInterrupt:
+        print("\ntrellis up: interrupted; stopped every broker it had started", file=sys.stderr)
+        raise
     print(json.dumps(overlay.describe(), indent=2))
     return 0
 
@@ -221,34 +366,59 @@ def cmd_down(args: argparse.Namespace) -> int:
     from broker.tools.local import stop_overlay
 
     stopped = stop_overlay(Path(args.dir))
-    print(f"stopped {len(stopped)} brokers: {' '.join(stopped)}")
+    if stopped:
+        print(f"stopped {len(stopped)} brokers: {' '.join(stopped)}")
+    else:
+        print(f"nothing to stop: no broker of the overlay in {args.dir} is running")
     return 0
+
+
+def _not_running(directory: str) -> str:
+    return (
+        f"the overlay in {directory} is not running (no broker answers); "
+        f"start it with: trellis up --dir {directory}"
+    )
 
 
 def cmd_topology(args: argparse.Namespace) -> int:
     from broker.tools.local import fetch_json, read_overlay, vn_links
 
     info = read_overlay(Path(args.dir))
+    down = []
     for broker in info["brokers"]:
         try:
             broker["health"] = fetch_json(broker["admin"] + "/healthz")
         except OSError as exc:
             broker["health"] = {"status": f"unreachable: {exc}"}
+            down.append(broker["id"])
+    if not info["brokers"] or len(down) == len(info["brokers"]):
+        print(f"trellis topology: {_not_running(args.dir)}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(info, indent=2))
-        return 0
-    for broker in info["brokers"]:
-        h = broker["health"]
-        print(
-            f"{broker['id']:<6} {broker['endpoint']:<21} pid {broker['pid']:<7} "
-            f"{h.get('status')}: links={','.join(h.get('links', []))} "
-            f"clients={h.get('clients', '-')} srt={h.get('srt', '-')} prt={h.get('prt', '-')}"
+    else:
+        for broker in info["brokers"]:
+            h = broker["health"]
+            print(
+                f"{broker['id']:<6} {broker['endpoint']:<21} pid {broker['pid']:<7} "
+                f"{h.get('status')}: links={','.join(h.get('links', []))} "
+                f"clients={h.get('clients', '-')} srt={h.get('srt', '-')} "
+                f"prt={h.get('prt', '-')}"
+            )
+        vn_of = {b: vn for vn, members in info["vns"].items() for b in members}
+        live = vn_links(
+            {b["id"]: b["health"] for b in info["brokers"] if b["id"] not in down}, vn_of
         )
-    vn_of = {b: vn for vn, members in info["vns"].items() for b in members}
-    live = vn_links({b["id"]: b["health"] for b in info["brokers"]}, vn_of)
-    print("links: " + " ".join(f"{a}-{b}" for a, b in sorted(live)))
-    if live != {tuple(lk) for lk in info["links"]}:
-        print("started as: " + " ".join(f"{a}-{b}" for a, b in info["links"]))
+        print("links: " + " ".join(f"{a}-{b}" for a, b in sorted(live)))
+        if live != {tuple(lk) for lk in info["links"]}:
+            print("started as: " + " ".join(f"{a}-{b}" for a, b in info["links"]))
+    if down:
+        print(
+            f"trellis topology: {len(down)} of {len(info['brokers'])} brokers do not answer: "
+            f"{' '.join(down)}",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
@@ -302,6 +472,17 @@ def cmd_reconfig(args: argparse.Namespace) -> int:
                 states[broker_id] = fetch_json(url + "/reconfig")
             except OSError as exc:
                 log.warning("broker %s unreachable: %s", broker_id, exc)
+        if not states:
+            print(f"trellis reconfig: {_not_running(args.dir)}", file=sys.stderr)
+            return 1
+        if not any(s.get("enabled", True) for s in states.values()):
+            print(
+                f"trellis reconfig: reconfiguration is off in the overlay in {args.dir} (it was "
+                f"started without --reconfig); restart it with: trellis down --dir {args.dir}; "
+                f"trellis up --reconfig --dir {args.dir}",
+                file=sys.stderr,
+            )
+            return 1
         records = sorted(
             (r for s in states.values() for r in s["rounds"] if r["round"] not in shown),
             key=lambda r: r["time"],
@@ -335,110 +516,255 @@ def cmd_reconfig(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    import shutil
     import tempfile
 
     from broker.tools.demo import run_demo
 
-    workdir = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="trellis-demo-"))
-    return run_async(run_demo(workdir, count=args.count))
+    keep = args.keep or args.dir is not None
+    workdir = Path(args.dir or tempfile.mkdtemp(prefix="trellis-demo-")).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    print(
+        f"working directory: {workdir} ("
+        + ("kept" if keep else "removed at the end; --keep keeps it")
+        + ")",
+        flush=True,
+    )
+    # Clients' warnings (bad key shares from the Byzantine replicas, ...) are part of the
+    # show, but they belong in a log, not in the middle of the summary.
+    log_file = logging.FileHandler(workdir / "demo.log")
+    log_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    root = logging.getLogger()
+    saved, root.handlers = root.handlers, [log_file]
+    try:
+        return run_demo(workdir, count=args.count)
+    except KeyboardInterrupt:
+        print("\ntrellis demo: interrupted; every broker it started is stopped", flush=True)
+        raise
+    finally:
+        root.handlers = saved
+        log_file.close()
+        warnings = sum(1 for _ in (workdir / "demo.log").open()) if keep else 0
+        if keep:
+            print(f"client warnings: {warnings}, in {workdir / 'demo.log'}; broker logs beside it")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+            print(f"removed {workdir}")
 
 
 # -- parser -----------------------------------------------------------------------------
 
 
+def _positive(kind: type[int] | type[float]) -> Any:
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
+    return value
+
+
+class _Version(argparse.Action):
+    """``--version``, read from the installed package only when asked."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            text = version("trellis")
+        except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+            text = "unknown (not installed)"
+        print(f"trellis {text}")
+        parser.exit()
+
+
+POSITIVE_INT = _positive(int)
+POSITIVE_FLOAT = _positive(float)
+LOG_LEVELS = ["debug", "info", "warning", "error"]
+
+
 def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
     """The ``trellis`` parser; with ``pst``, the MTPSTO solvers' subcommands in full."""
     parser = argparse.ArgumentParser(prog="trellis", description="Trellis pub/sub broker overlay")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("broker", help="run a broker daemon")
-    p.add_argument("--config", help="TOML config file")
-    p.add_argument("--id", help="broker id (overrides the config)")
-    p.add_argument("--host", help="listen address (overrides the config)")
-    p.add_argument("--port", type=int, help="listen port, 0 for a free one (overrides the config)")
-    p.add_argument("--admin-port", type=int, help="HTTP port for /metrics and /healthz")
-    p.add_argument("--ready-file", help="write host/port here once listening")
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--config", help="TOML config file (default: none, built-in defaults)")
+    p.add_argument("--id", help="broker id (overrides the config; default broker-1)")
+    p.add_argument("--host", help="listen address (overrides the config; default 127.0.0.1)")
+    p.add_argument(
+        "--port",
+        type=int,
+        help="listen port, 0 for a free one (overrides the config; default 7700)",
+    )
+    p.add_argument(
+        "--admin-port", type=int, help="HTTP port for /metrics and /healthz (default: none)"
+    )
+    p.add_argument("--ready-file", help="write host/port here once listening (default: none)")
+    p.add_argument("--log-level", choices=LOG_LEVELS, help="overrides the config (default: info)")
     p.set_defaults(func=cmd_broker)
 
     p = sub.add_parser("pub", help="publish messages")
     p.add_argument("--endpoint", required=True, help="HOST:PORT (comma-separated for several)")
-    p.add_argument("--attrs", required=True, help="e.g. \"class='stock',price=5\"")
-    p.add_argument("--payload", default="", help="payload text")
-    p.add_argument("--count", type=int, default=1, help="how many messages")
     p.add_argument(
-        "--rate", type=float, default=0.0, help="messages per second (0 = as fast as possible)"
+        "--attrs", required=True, help="attributes, at least one, e.g. \"class='stock',price=5\""
+    )
+    p.add_argument("--payload", default="", help="payload text (default: empty)")
+    p.add_argument(
+        "--count", type=POSITIVE_INT, default=1, help="how many messages (default: %(default)s)"
+    )
+    p.add_argument(
+        "--rate",
+        type=_non_negative,
+        default=0.0,
+        help="messages per second, 0 = as fast as possible (default: %(default)s)",
     )
     p.add_argument(
         "--advertise", help="advertisement filter (default: the attributes' exact values)"
     )
-    p.add_argument("--client-id", help="publisher identity")
+    p.add_argument("--client-id", help="publisher identity (default: a random one)")
     p.add_argument("--no-ack", action="store_true", help="stream without waiting for each ack")
     p.add_argument(
         "--confidential", action="store_true", help="encrypt; the key travels as Shamir shares"
     )
     p.add_argument(
-        "--key-refresh", type=int, default=1, help="confidential messages per content key"
+        "--key-refresh",
+        type=POSITIVE_INT,
+        default=1,
+        help="confidential messages per content key (default: %(default)s)",
     )
     p.set_defaults(func=cmd_pub)
 
     p = sub.add_parser("sub", help="subscribe and print deliveries")
-    p.add_argument("filter", help="e.g. \"class = 'stock' and price < 100\"")
+    p.add_argument("filter", help="e.g. \"class = 'stock' and price < 100\"; * for everything")
     p.add_argument("--endpoint", required=True, help="HOST:PORT (comma-separated for several)")
-    p.add_argument("--count", type=int, help="exit after this many deliveries")
-    p.add_argument("--timeout", type=float, help="exit after this many seconds")
+    p.add_argument(
+        "--count", type=POSITIVE_INT, help="exit after this many deliveries (default: never)"
+    )
+    p.add_argument(
+        "--timeout", type=POSITIVE_FLOAT, help="exit after this many seconds (default: never)"
+    )
     p.add_argument("--json", action="store_true", help="one JSON object per line")
-    p.add_argument("--quiet", action="store_true", help="count only, print nothing per message")
-    p.add_argument("--client-id", help="subscriber identity")
-    p.add_argument("--manifest", help="overlay manifest, to decrypt confidential publications")
-    p.add_argument("--ready-file", help="write a line here once the subscription is active")
+    p.add_argument(
+        "--quiet", action="store_true", help="print nothing per message, only the count at the end"
+    )
+    p.add_argument("--client-id", help="subscriber identity (default: a random one)")
+    p.add_argument(
+        "--manifest",
+        help="overlay manifest (DIR/manifest.json of trellis up), to decrypt confidential "
+        "publications (default: none)",
+    )
+    p.add_argument(
+        "--ready-file", help="write a line here once the subscription is active (default: none)"
+    )
     p.set_defaults(func=cmd_sub)
 
     p = sub.add_parser("up", help="start a local overlay of broker processes")
-    p.add_argument("--vns", "--brokers", type=int, default=5, help="number of tree nodes (VNs)")
     p.add_argument(
-        "--replicas", default="1", help="replicas per VN: one count, or one per VN ('3,1,3')"
+        "--vns",
+        "--brokers",
+        type=POSITIVE_INT,
+        default=5,
+        help="number of tree nodes (VNs) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--replicas",
+        default="1",
+        help="replicas per VN: one count, or one per VN ('3,1,3') (default: %(default)s)",
     )
     p.add_argument(
         "--byzantine",
         action="append",
         default=[],
         metavar="BROKER=MODE",
-        help="fault injection: drop, corrupt, equivocate or collude (repeatable)",
+        help="fault injection: drop, corrupt, equivocate or collude (repeatable; default: none)",
     )
     p.add_argument(
-        "--topology", default="line", help="line, star, random, or a JSON file (overlay.tree)"
+        "--topology",
+        default="line",
+        help="line, star, random, or a JSON file (overlay.tree) (default: %(default)s)",
     )
-    p.add_argument("--seed", type=int, default=1, help="seed for --topology random")
+    p.add_argument(
+        "--seed", type=int, default=1, help="seed for --topology random (default: %(default)s)"
+    )
     p.add_argument("--dir", required=True, help="where configs, logs and overlay.json go")
     p.add_argument("--no-covering", action="store_true", help="disable subscription covering")
     p.add_argument("--reconfig", action="store_true", help="brokers rearrange the tree (OCBR)")
     p.add_argument(
-        "--reconfig-interval", type=float, default=2.0, help="seconds between master turns"
+        "--reconfig-interval",
+        type=POSITIVE_FLOAT,
+        default=2.0,
+        help="seconds between master turns (default: %(default)s)",
+    )
+    p.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default="info",
+        help="the brokers' log level, in DIR/<id>.log (default: %(default)s)",
     )
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("down", help="stop a local overlay")
-    p.add_argument("--dir", required=True)
+    p.add_argument("--dir", required=True, help="the overlay's directory (trellis up --dir)")
     p.set_defaults(func=cmd_down)
 
     p = sub.add_parser("topology", help="show a local overlay and its brokers' state")
-    p.add_argument("--dir", required=True)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--dir", required=True, help="the overlay's directory (trellis up --dir)")
+    p.add_argument("--json", action="store_true", help="overlay.json with each broker's /healthz")
     p.set_defaults(func=cmd_topology)
 
     p = sub.add_parser("reconfig", help="show live reconfiguration rounds and the global cost")
     p.add_argument("--dir", required=True, help="a local overlay's directory (trellis up)")
     how = p.add_mutually_exclusive_group()
-    how.add_argument("--rounds", type=int, help="follow until this many new rounds ran")
+    how.add_argument("--rounds", type=POSITIVE_INT, help="follow until this many new rounds ran")
     how.add_argument("--watch", action="store_true", help="follow until interrupted")
-    p.add_argument("--every", type=float, default=1.0, help="seconds between polls")
-    p.add_argument("--timeout", type=float, help="stop following after this many seconds")
+    p.add_argument(
+        "--every",
+        type=POSITIVE_FLOAT,
+        default=1.0,
+        help="seconds between polls (default: %(default)s)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=POSITIVE_FLOAT,
+        help="stop following after this many seconds (default: never)",
+    )
     p.set_defaults(func=cmd_reconfig)
 
-    p = sub.add_parser("demo", help="the embedded default: a local broker with live traffic")
-    p.add_argument("--dir", help="working directory for broker files (default: a temp dir)")
-    p.add_argument("--count", type=int, default=2000, help="publications to send")
+    p = sub.add_parser(
+        "demo",
+        help="the embedded default: local overlays of broker processes with live traffic, "
+        "Byzantine replicas and live reconfiguration",
+    )
+    p.add_argument(
+        "--dir", help="working directory for broker files, kept (default: a temp dir, removed)"
+    )
+    p.add_argument("--keep", action="store_true", help="keep the temp dir (configs, keys, logs)")
+    p.add_argument(
+        "--count",
+        type=POSITIVE_INT,
+        default=2000,
+        help="plain quotes to publish (default: %(default)s)",
+    )
     p.set_defaults(func=cmd_demo)
 
     add_pst_parser(sub, real=pst)
@@ -461,19 +787,35 @@ def add_pst_parser(
     subparsers.add_parser("pst", help="most trusted publish/subscribe trees (MTPSTO)")
 
 
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            chosen: argparse.ArgumentParser = action.choices[name]
+            return chosen
+    return parser
+
+
+# Commands that start processes: SIGTERM and SIGHUP interrupt them like Ctrl-C does.
+STARTS_PROCESSES = ("up", "demo")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(pst=words[:1] == ["pst"])
-    args = parser.parse_args(words)
+    args, extra = parser.parse_known_args(words)
+    if extra:  # a typo in a subcommand's flag: that subcommand's usage, not the top one's
+        _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command != "broker":
         setup_logging("warning")
+    if args.command in STARTS_PROCESSES:
+        _terminate_as_interrupt()
     try:
         return int(args.func(args) or 0)
     except (TrellisError, ValueError) as exc:
         print(f"trellis {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        return 130
+        return 128 + (_interrupted_by[0] if _interrupted_by else signal.SIGINT)
 
 
 if __name__ == "__main__":

@@ -16,14 +16,17 @@ import asyncio
 import contextlib
 import random
 import re
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from broker.client import Client, Delivery, Subscription
 from broker.errors import TrellisError
 from broker.language.filters import Value
 from broker.language.grammar import parse_filter
-from broker.tools.local import LocalOverlay, metric_by_label, start_overlay
+from broker.tools.launcher import run_async
+from broker.tools.local import LocalOverlay, metric_by_label, signals_deferred, start_overlay
 from overlay.tree import broker_names, line_tree
 
 VNS = 4
@@ -127,7 +130,14 @@ async def _traffic(overlay: LocalOverlay, names: list[str], count: int, rng: ran
     orders_seen = list(received["big-orders"])
     if orders_seen:
         print(f"  e.g. big-orders decrypted: {orders_seen[0].payload.decode()!r}")
-    print("\nbroker   SRT  PRT  forwarded per VN link      shares in/split  blamed")
+    # "shares in/split": the slash of every row under the header's
+    row = "{:<18} {:>3} {:>4}  {:<24} {:>9}/{:<5}  {}"
+    print(
+        "\n"
+        + row.format(
+            "broker", "SRT", "PRT", "forwarded per VN link", "shares in", "split", "blamed"
+        )
+    )
     for b in sorted(overlay.brokers):
         forwarded = metric_by_label(metrics[b], "trellis_publications_forwarded_total", "link")
         blamed = metric_by_label(metrics[b], "trellis_share_blame_total", "culprit")
@@ -135,12 +145,23 @@ async def _traffic(overlay: LocalOverlay, names: list[str], count: int, rng: ran
         split = re.search(r"trellis_shares_split_total\{[^}]*\} (\S+)", metrics[b])
         role = f" ({BYZANTINE[b]})" if b in BYZANTINE else ""
         print(
-            f"{b + role:<18} {health[b]['srt']:>2} {health[b]['prt']:>4}  "
-            f"{', '.join(f'->{k}: {v}' for k, v in sorted(forwarded.items())) or '-':<24} "
-            f"{int(float(shares_in.group(1))) if shares_in else 0:>5}/"
-            f"{int(float(split.group(1))) if split else 0:<5} "
-            f"{', '.join(f'{k} x{v}' for k, v in blamed.items()) or '-'}"
+            row.format(
+                b + role,
+                health[b]["srt"],
+                health[b]["prt"],
+                ", ".join(f"->{k}: {v}" for k, v in sorted(forwarded.items())) or "-",
+                int(float(shares_in.group(1))) if shares_in else 0,
+                int(float(split.group(1))) if split else 0,
+                ", ".join(f"{k} x{v}" for k, v in blamed.items()) or "-",
+            )
         )
+    print(
+        "  SRT / PRT: entries in the broker's subscription routing table (advertisements) and\n"
+        "    publication routing table (subscriptions)\n"
+        "  forwarded: publications sent to each neighbouring VN\n"
+        "  shares in/split: key shares received / re-split for the next VN\n"
+        "  blamed: brokers whose key shares this one rejected (x how many)"
+    )
     print(f"subscribers attributed bad key shares to: {', '.join(sorted(culprits)) or 'nobody'}")
     print("\n" + ("all deliveries match the oracle" if ok else "MISMATCH: see above"))
     return 0 if ok else 1
@@ -172,59 +193,80 @@ LIVE_GROUPS = {
 }
 
 
-async def _live_reconfiguration(workdir: Path, seconds: float = 6.0) -> bool:
-    """A line of six brokers rearranges itself under traffic; returns whether every
+def _round_line(record: dict[str, Any]) -> str:
+    old = " ".join("-".join(lk) for lk in record["neighbourhood"])
+    new = " ".join("-".join(lk) for lk in record["new_neighbourhood"])
+    return f"  round {record['round']:<6} {old}  ->  {new}"
+
+
+async def _show_rounds(overlay: LocalOverlay, shown: set[str], every: float = 0.25) -> None:
+    """Print each applied round as soon as a broker reports it (until cancelled)."""
+    from broker.tools.local import fetch_json
+
+    def poll() -> list[dict[str, Any]]:
+        records = []
+        for proc in overlay.brokers.values():
+            with contextlib.suppress(OSError, ValueError):
+                records += fetch_json(proc.admin_url + "/reconfig", timeout=1.0)["rounds"]
+        return records
+
+    while True:
+        records = await asyncio.to_thread(poll)
+        for record in sorted(records, key=lambda r: r["time"]):
+            if record["outcome"] == "applied" and record["round"] not in shown:
+                shown.add(record["round"])
+                print(_round_line(record), flush=True)
+        await asyncio.sleep(every)
+
+
+async def _live_reconfiguration(overlay: LocalOverlay, seconds: float = 6.0) -> bool:
+    """Traffic on a line of six brokers that rearranges itself; returns whether every
     subscriber got every publication of its group exactly once, in order."""
     from broker.tools.local import fetch_json
     from overlay.tree import Tree
     from reconfig.cost import CostModel, routing_cost
 
-    names = broker_names(6)
-    print(f"\nlive reconfiguration: {' - '.join(names)}, master turns every 0.3 s")
-    overlay = await asyncio.to_thread(
-        start_overlay,
-        workdir,
-        line_tree(names),
-        {"reconfig": {"enabled": True, "interval": 0.3, "min_traffic": 15}},
-    )
     published: dict[str, int] = dict.fromkeys(LIVE_GROUPS, 0)
     received: dict[str, list[int]] = {}
-    try:
-        before = await asyncio.to_thread(overlay.live_tree)
-        async with contextlib.AsyncExitStack() as stack:
-            pubs = {}
-            for group, (pub_vn, sub_vns) in LIVE_GROUPS.items():
-                topic = f"class = '{group}'"
-                pubs[group] = await stack.enter_async_context(
-                    Client(overlay.endpoints(pub_vn), client_id=f"{group}-pub")
+    shown: set[str] = set()
+    before = await asyncio.to_thread(overlay.live_tree)
+    print(f"  tree before: {' '.join('-'.join(lk) for lk in sorted(before.links))}")
+    print(
+        "  traffic for 6 s; rounds as they are applied (b2#1: the first round led by VN b2;\n"
+        "  each lists the master's neighbourhood before -> after):",
+        flush=True,
+    )
+    async with contextlib.AsyncExitStack() as stack:
+        pubs = {}
+        for group, (pub_vn, sub_vns) in LIVE_GROUPS.items():
+            topic = f"class = '{group}'"
+            pubs[group] = await stack.enter_async_context(
+                Client(overlay.endpoints(pub_vn), client_id=f"{group}-pub")
+            )
+            for i, vn in enumerate(sub_vns):
+                name = f"{group}-sub{i}@{vn}"
+                client = await stack.enter_async_context(
+                    Client(overlay.endpoints(vn), client_id=name)
                 )
-                for i, vn in enumerate(sub_vns):
-                    name = f"{group}-sub{i}@{vn}"
-                    client = await stack.enter_async_context(
-                        Client(overlay.endpoints(vn), client_id=name)
-                    )
-                    sub = await stack.enter_async_context(client.subscribe(topic))
-                    received[name] = []
-                    stack.push_async_callback(
-                        _cancel, asyncio.create_task(_seqs(sub, received[name]))
-                    )
-                await pubs[group].advertise(topic)
-            await asyncio.to_thread(overlay.wait_quiet)
-            deadline = time.monotonic() + seconds
-            while time.monotonic() < deadline:
-                for group, pub in pubs.items():
-                    published[group] += 1
-                    await pub.publish({"class": group}, b"tick", ack=published[group] % 25 == 0)
-                await asyncio.sleep(0.005)
-            for pub in pubs.values():
-                await pub.drain()
-            await asyncio.sleep(1.0)
-        after = await asyncio.to_thread(overlay.live_tree)
-        states = await asyncio.to_thread(
-            lambda: [fetch_json(p.admin_url + "/reconfig") for p in overlay.brokers.values()]
-        )
-    finally:
-        await asyncio.to_thread(overlay.stop)
+                sub = await stack.enter_async_context(client.subscribe(topic))
+                received[name] = []
+                stack.push_async_callback(_cancel, asyncio.create_task(_seqs(sub, received[name])))
+            await pubs[group].advertise(topic)
+        await asyncio.to_thread(overlay.wait_quiet)
+        stack.push_async_callback(_cancel, asyncio.create_task(_show_rounds(overlay, shown)))
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for group, pub in pubs.items():
+                published[group] += 1
+                await pub.publish({"class": group}, b"tick", ack=published[group] % 25 == 0)
+            await asyncio.sleep(0.005)
+        for pub in pubs.values():
+            await pub.drain()
+        await asyncio.sleep(1.0)
+    after = await asyncio.to_thread(overlay.live_tree)
+    states = await asyncio.to_thread(
+        lambda: [fetch_json(p.admin_url + "/reconfig") for p in overlay.brokers.values()]
+    )
     clients = {}
     demands = {}
     for group, (pub_vn, sub_vns) in LIVE_GROUPS.items():
@@ -238,17 +280,15 @@ async def _live_reconfiguration(workdir: Path, seconds: float = 6.0) -> bool:
     ]
     applied = [r for s in states for r in s["rounds"] if r["outcome"] == "applied"]
     for r in sorted(applied, key=lambda r: r["time"]):
-        print(
-            f"  round {r['round']:<6} {' '.join('-'.join(lk) for lk in r['neighbourhood'])}  ->  "
-            f"{' '.join('-'.join(lk) for lk in r['new_neighbourhood'])}"
-        )
-    print(f"  tree before: {' '.join('-'.join(lk) for lk in sorted(before.links))}")
+        if r["round"] not in shown:  # applied after the last poll
+            print(_round_line(r))
     print(f"  tree after:  {' '.join('-'.join(lk) for lk in sorted(after.links))}")
     print(
         f"  {len(applied)} rounds applied; routing cost of the traffic delivered "
         f"{cost[0]:,.0f} on the first tree -> {cost[1]:,.0f} on the final one "
         f"({1 - cost[1] / cost[0]:.0%} lower)"
     )
+    print("  subscriber (g0-sub0@b5: group g0's subscriber 0, attached at VN b5):")
     ok = True
     for name, seqs in sorted(received.items()):
         group = name.split("-")[0]
@@ -272,28 +312,57 @@ async def _cancel(task: asyncio.Task[None]) -> None:
         await task
 
 
-async def run_demo(workdir: Path, count: int = 2000, seed: int = 7) -> int:
+def _progress(name: str, up: int, total: int) -> None:
+    """One line that grows as brokers come up (start-up takes seconds)."""
+    print(f"{'' if up > 1 else '  brokers up:'} {name}", end="", flush=True)
+    if up == total:
+        print(f" ({total}); linking...", flush=True)
+
+
+def _stop(overlay: LocalOverlay) -> None:
+    with signals_deferred():
+        overlay.stop(timeout=5.0)
+
+
+def run_demo(workdir: Path, count: int = 2000, seed: int = 7) -> int:
+    """Run the three parts of the demo; every broker it starts is stopped when it returns,
+    fails or is interrupted (KeyboardInterrupt)."""
     rng = random.Random(seed)
     names = broker_names(VNS)
     print(
         f"starting {VNS} virtual nodes x {REPLICAS} replica brokers in a line "
         f"({' - '.join(names)}); Byzantine: "
-        + ", ".join(f"{b} {mode}s" for b, mode in BYZANTINE.items())
+        + ", ".join(f"{b} {mode}s" for b, mode in BYZANTINE.items()),
+        flush=True,
     )
-    overlay = await asyncio.to_thread(
-        start_overlay,
-        workdir,
+    overlay = start_overlay(
+        workdir / "line",
         line_tree(names),
         replicas=dict.fromkeys(names, REPLICAS),
         overrides={b: {"byzantine": mode} for b, mode in BYZANTINE.items()},
+        progress=_progress,
     )
-    print(f"{len(overlay.brokers)} broker processes up; configs, keys and logs in {workdir}")
+    print(f"{len(overlay.brokers)} broker processes up; streaming traffic...", flush=True)
     try:
-        code = await _traffic(overlay, names, count, rng)
+        code = run_async(_traffic(overlay, names, count, rng))
     finally:
-        await asyncio.to_thread(overlay.stop)
-    if not await _live_reconfiguration(workdir / "reconfig"):
+        _stop(overlay)
+
+    live = broker_names(6)
+    print(f"\nlive reconfiguration: {' - '.join(live)}, master turns every 0.3 s", flush=True)
+    overlay = start_overlay(
+        workdir / "reconfig",
+        line_tree(live),
+        {"reconfig": {"enabled": True, "interval": 0.3, "min_traffic": 15}},
+        progress=_progress,
+    )
+    try:
+        ok = run_async(_live_reconfiguration(overlay))
+    finally:
+        _stop(overlay)
+    if not ok:
         print("MISMATCH in the live reconfiguration run: see above")
         code = code or 1
-    await asyncio.to_thread(_reconfiguration_summary, seed)
+    _reconfiguration_summary(seed)
+    sys.stdout.flush()
     return code

@@ -6,17 +6,35 @@ benchmarks, so all of them exercise the same daemon a container runs.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from broker.errors import TrellisError
+
+T = TypeVar("T")
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine on uvloop when available (Ctrl-C cancels it, then raises
+    KeyboardInterrupt, as ``asyncio.run`` does)."""
+    factory: Callable[[], asyncio.AbstractEventLoop] | None
+    try:
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coro)
 
 
 class LaunchError(TrellisError):
@@ -112,8 +130,14 @@ def start_broker(
     settings: dict[str, Any] | None = None,
     ready_timeout: float = 40.0,
     env: dict[str, str] | None = None,
+    on_spawn: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> BrokerProcess:
-    """Start ``trellis broker`` as a child process and wait until it listens."""
+    """Start ``trellis broker`` as a child process and wait until it listens.
+
+    ``on_spawn`` sees the process as soon as it exists (a caller records its pid before the
+    wait). If the wait ends any other way than ready, an interrupt included, the process is
+    killed: a broker never outlives a failed start.
+    """
     workdir.mkdir(parents=True, exist_ok=True)
     ready = workdir / f"{broker_id}.ready"
     ready.unlink(missing_ok=True)
@@ -132,6 +156,23 @@ def start_broker(
         start_new_session=True,
     )
     log_file.close()
+    try:
+        if on_spawn is not None:
+            on_spawn(proc)
+        return _wait_ready(proc, workdir, broker_id, host, ready, ready_timeout)
+    except BaseException:
+        stop_process(proc, timeout=5.0)
+        raise
+
+
+def _wait_ready(
+    proc: subprocess.Popen[bytes],
+    workdir: Path,
+    broker_id: str,
+    host: str,
+    ready: Path,
+    ready_timeout: float,
+) -> BrokerProcess:
     deadline = time.monotonic() + ready_timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -149,6 +190,4 @@ def start_broker(
                 int(info.get("admin_port", 0)),
             )
         time.sleep(0.02)
-    proc.kill()
-    proc.wait()
     raise LaunchError(f"broker {broker_id} did not become ready within {ready_timeout:g} s")

@@ -7,15 +7,18 @@ config can name its neighbours' endpoints before any of them starts.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import random
 import re
 import signal
 import socket
+import subprocess
+import threading
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,10 @@ from overlay.tree import Link, TopologyError, Tree, link
 from security.envelope import generate_signing_key, private_key_to_bytes, public_key_to_bytes
 
 OVERLAY_FILE = "overlay.json"
+LOCK_FILE = ".trellis-up.lock"
+
+# Called after each broker of an overlay is up: (broker id, how many are up, how many in all).
+Progress = Callable[[str, int, int], None]
 
 
 class OverlayError(TrellisError):
@@ -127,6 +134,9 @@ class LocalOverlay:
     overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Neighbours a broker accepts beyond its tree links (tests of refused links use this).
     extra_neighbours: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    # Brokers spawned but not yet ready (id -> pid), so that overlay.json names every
+    # process of the overlay at every moment.
+    starting: dict[str, int] = field(default_factory=dict)
 
     def replicas_of(self, vn: str) -> list[str]:
         return replica_ids(vn, self.replicas.get(vn, 1))
@@ -215,9 +225,21 @@ class LocalOverlay:
 
     def start(self, broker_id: str) -> BrokerProcess:
         """Start (or restart, on the same port) one broker of the overlay."""
-        proc = start_broker(
-            self.workdir, broker_id, port=self.ports[broker_id], settings=self.config_for(broker_id)
-        )
+
+        def spawned(process: subprocess.Popen[bytes]) -> None:
+            self.starting[broker_id] = process.pid
+            self.save()
+
+        try:
+            proc = start_broker(
+                self.workdir,
+                broker_id,
+                port=self.ports[broker_id],
+                settings=self.config_for(broker_id),
+                on_spawn=spawned,
+            )
+        finally:
+            self.starting.pop(broker_id, None)
         self.brokers[broker_id] = proc
         self.save()
         return proc
@@ -300,8 +322,10 @@ class LocalOverlay:
                 }
                 for b, p in sorted(self.brokers.items())
             ],
+            "starting": [{"id": b, "pid": pid} for b, pid in sorted(self.starting.items())],
             "links": [sorted(link) for link in sorted(self.tree.links)],
             "vns": {vn: self.replicas_of(vn) for vn in sorted(self.tree.brokers)},
+            "reconfig": bool(self.settings.get("reconfig", {}).get("enabled", False)),
         }
 
     def save(self) -> None:
@@ -319,30 +343,87 @@ def start_overlay(
     wait: bool = True,
     replicas: dict[str, int] | None = None,
     overrides: dict[str, dict[str, Any]] | None = None,
+    progress: Progress | None = None,
 ) -> LocalOverlay:
-    """Start the broker processes of every VN of ``tree``, linked as the tree says."""
+    """Start the broker processes of every VN of ``tree``, linked as the tree says.
+
+    Refuses a directory whose overlay is running (or being started). If the start fails or
+    is interrupted (KeyboardInterrupt, or SIGTERM made one by the caller), every broker it
+    spawned is stopped before the exception goes on.
+    """
+    workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    overlay = LocalOverlay(
-        workdir,
-        tree,
-        settings=dict(settings or {}),
-        replicas=dict(replicas or {}),
-        overrides=dict(overrides or {}),
-    )
-    names = overlay.broker_ids
-    overlay.ports = dict(zip(names, free_ports(len(names)), strict=True))
-    overlay.write_keys()
-    for name in names:  # a new overlay starts as its tree says, not as an earlier one ended
-        (workdir / f"{name}.links.json").unlink(missing_ok=True)
-    try:
-        for name in names:
-            overlay.start(name)
-        if wait:
-            overlay.wait_linked()
-    except BaseException:
-        overlay.stop()
-        raise
+    with _start_lock(workdir):
+        running = running_brokers(workdir)
+        if running:
+            raise OverlayError(
+                f"an overlay is already running in {workdir} ({len(running)} brokers); "
+                f"stop it first with: trellis down --dir {workdir}"
+            )
+        overlay = LocalOverlay(
+            workdir,
+            tree,
+            settings=dict(settings or {}),
+            replicas=dict(replicas or {}),
+            overrides=dict(overrides or {}),
+        )
+        names = overlay.broker_ids
+        unknown = sorted(set(overlay.overrides) - set(names))
+        if unknown:
+            raise OverlayError(
+                f"no broker {', '.join(unknown)} in this overlay; its brokers are "
+                f"{', '.join(names)}"
+            )
+        overlay.ports = dict(zip(names, free_ports(len(names)), strict=True))
+        overlay.write_keys()
+        for name in names:  # a new overlay starts as its tree says, not as an earlier one ended
+            (workdir / f"{name}.links.json").unlink(missing_ok=True)
+        overlay.save()
+        try:
+            for name in names:
+                overlay.start(name)
+                if progress is not None:
+                    progress(name, len(overlay.brokers), len(names))
+            if wait:
+                overlay.wait_linked()
+        except BaseException:
+            with signals_deferred():
+                overlay.stop(timeout=5.0)
+                overlay.save()
+            raise
     return overlay
+
+
+@contextlib.contextmanager
+def _start_lock(workdir: Path) -> Iterator[None]:
+    """Held while an overlay starts in ``workdir``: a second ``trellis up`` there is refused."""
+    with (workdir / LOCK_FILE).open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OverlayError(
+                f"another trellis up is starting an overlay in {workdir}; wait for it, or stop "
+                f"it with: trellis down --dir {workdir}"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Clean-up that a second Ctrl-C or SIGTERM must not cut short (it is bounded: SIGTERM,
+    then SIGKILL). Only the main thread can change signal handlers; elsewhere, no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 def read_overlay(workdir: Path) -> dict[str, Any]:
@@ -351,7 +432,10 @@ def read_overlay(workdir: Path) -> dict[str, Any]:
     try:
         info = json.loads(path.read_text())
     except FileNotFoundError:
-        raise OverlayError(f"no overlay in {workdir} (missing {OVERLAY_FILE})") from None
+        raise OverlayError(
+            f"no overlay in {workdir} (missing {OVERLAY_FILE}); start one with: "
+            f"trellis up --dir {workdir}"
+        ) from None
     except ValueError as exc:
         raise OverlayError(f"{path} is not an overlay description: {exc}") from None
     if not isinstance(info, dict):
@@ -359,23 +443,57 @@ def read_overlay(workdir: Path) -> dict[str, Any]:
     return info
 
 
+def _processes(info: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """Every (broker id, pid) an overlay.json names: running brokers and ones starting."""
+    entries = [*info.get("brokers", []), *info.get("starting", [])]
+    return [(str(e["id"]), int(e["pid"])) for e in entries]
+
+
+def is_broker_process(pid: int, broker_id: str) -> bool:
+    """Whether ``pid`` is alive and runs ``trellis broker`` with ``broker_id``'s config (a
+    pid in an old overlay.json may since belong to an unrelated process)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: trust the pid
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    args = raw.decode(errors="replace").split("\0")
+    config = f"{broker_id}.toml"
+    return "broker" in args and any(a == config or a.endswith("/" + config) for a in args)
+
+
+def running_brokers(workdir: Path) -> list[str]:
+    """Ids of the brokers of ``workdir``'s overlay that are running now (none if no overlay)."""
+    try:
+        info = read_overlay(workdir)
+    except OverlayError:
+        return []
+    return [b for b, pid in _processes(info) if is_broker_process(pid, b)]
+
+
 def stop_overlay(workdir: Path, timeout: float = 10.0) -> list[str]:
     """SIGTERM every broker listed in ``workdir``; returns the ids that were running."""
     info = read_overlay(workdir)
+    running = [(b, pid) for b, pid in _processes(info) if is_broker_process(pid, b)]
     stopped = []
-    for broker in info["brokers"]:
+    for broker_id, pid in running:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(broker["pid"], signal.SIGTERM)
-            stopped.append(broker["id"])
+            os.kill(pid, signal.SIGTERM)
+            stopped.append(broker_id)
     deadline = time.monotonic() + timeout
-    for broker in info["brokers"]:
+    for broker_id, pid in running:
         while time.monotonic() < deadline:
-            try:
-                os.kill(broker["pid"], 0)
-            except ProcessLookupError:
+            if not is_broker_process(pid, broker_id):
                 break
             time.sleep(0.05)
         else:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(broker["pid"], signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
     return stopped

@@ -1,0 +1,144 @@
+"""Errors a person can act on: one line naming the cause and the fix, the right exit code,
+no traceback; and what `sub`, `down`, `topology` and `reconfig` say about the state."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from broker.client import Delivery
+from broker.tools import cli
+from broker.tools.launcher import BrokerProcess
+from broker.tools.local import LocalOverlay
+from overlay.tree import line_tree
+
+
+def trellis(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "broker", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def error_line(out: subprocess.CompletedProcess[str], command: str) -> str:
+    """The one error line of a failed command (argparse puts its usage above it)."""
+    assert "Traceback" not in out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.startswith(f"trellis {command}:")]
+    assert len(lines) == 1, out.stderr
+    return lines[0]
+
+
+def test_broker_on_a_port_in_use_names_the_port_and_the_fix() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        out = trellis("broker", "--port", str(port), timeout=30)
+    assert out.returncode == 2
+    line = error_line(out, "broker")
+    assert f"127.0.0.1:{port}" in line
+    assert "already in use" in line
+    assert "--port" in line
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--topology", "bogus"], "--topology 'bogus': not line, star or random, and no such file"),
+        (["--vns", "0"], "argument --vns/--brokers: must be greater than 0"),
+        (["--vns", "2", "--byzantine", "b9=corrupt"], "no broker b9 in this overlay"),
+        (["--vns", "2", "--byzantine", "b1=evil"], "no mode 'evil'; choose drop, corrupt"),
+        (["--vns", "2", "--replicas", "3,x"], "--replicas needs 1 or 2 positive counts"),
+        (["--vnss", "3"], "unrecognized arguments: --vnss 3"),
+    ],
+)
+def test_up_refuses_bad_arguments_before_starting_anything(
+    tmp_path: Path, args: list[str], says: str
+) -> None:
+    out = trellis("up", *args, "--dir", str(tmp_path / "ov"))
+    assert out.returncode == 2
+    assert says in error_line(out, "up")
+    assert not (tmp_path / "ov" / "overlay.json").exists()
+
+
+def test_a_typo_in_a_flag_shows_that_subcommands_usage() -> None:
+    out = trellis("sub", "--endpoint", "127.0.0.1:9", "*", "--cuont", "3")
+    assert out.returncode == 2
+    assert out.stderr.startswith("usage: trellis sub ")
+    assert "unrecognized arguments: --cuont 3" in error_line(out, "sub")
+
+
+def test_pub_refuses_empty_attributes(broker: BrokerProcess) -> None:
+    out = trellis("pub", "--endpoint", broker.endpoint, "--attrs", "")
+    assert out.returncode == 2
+    assert "--attrs is empty" in error_line(out, "pub")
+
+
+def test_version_and_help_describe_the_commands() -> None:
+    out = trellis("--version")
+    assert out.returncode == 0
+    assert out.stdout.startswith("trellis ")
+    shown = trellis("--help").stdout
+    assert "a local broker with live traffic" not in shown
+    assert "live reconfiguration" in shown
+    up_help = trellis("up", "--help").stdout
+    assert "--log-level" in up_help
+    assert "(default: 5)" in up_help
+
+
+def test_up_refuses_a_directory_whose_overlay_is_running(
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    overlay = run_overlay(line_tree(["b0"]))
+    out = trellis("up", "--vns", "1", "--dir", str(overlay.workdir))
+    assert out.returncode == 2
+    line = error_line(out, "up")
+    assert "already running" in line
+    assert f"trellis down --dir {overlay.workdir}" in line
+    assert json.loads((overlay.workdir / "overlay.json").read_text())["brokers"][0]["pid"] == (
+        overlay.brokers["b0"].pid
+    )
+    assert overlay.brokers["b0"].alive()
+
+
+def test_reconfig_says_it_is_off_and_topology_says_a_stopped_overlay_is_not_running(
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    overlay = run_overlay(line_tree(["b0", "b1"]))
+    out = trellis("reconfig", "--dir", str(overlay.workdir))
+    assert out.returncode == 1
+    assert "reconfiguration is off" in error_line(out, "reconfig")
+    overlay.stop()
+    out = trellis("topology", "--dir", str(overlay.workdir))
+    assert out.returncode == 1
+    assert "is not running" in error_line(out, "topology")
+    out = trellis("down", "--dir", str(overlay.workdir))
+    assert out.returncode == 0
+    assert out.stdout.startswith("nothing to stop")
+
+
+def test_sub_says_when_it_is_subscribed_and_quiet_prints_the_count(
+    broker: BrokerProcess,
+) -> None:
+    out = trellis(
+        "sub", "--endpoint", broker.endpoint, "class = 'x'", "--quiet", "--timeout", "0.5"
+    )
+    assert out.returncode == 0, out.stderr
+    assert "subscribed to class = 'x'" in out.stderr
+    assert out.stdout == "0\n"
+
+
+def test_plain_delivery_lines_are_not_python_reprs() -> None:
+    msg = Delivery({"class": "x", "price": 5, "ok": True, "q": "it's"}, b"hello", "p", 3, "s1")
+    assert cli.delivery_line(msg) == "p#3 class='x',price=5,ok=true,q='it\\'s' hello"
+    binary = Delivery({"class": "x"}, b"\xff\x00", "p", 4, "s1")
+    assert cli.delivery_line(binary) == "p#4 class='x' <2 bytes, base64 /wA=>"
