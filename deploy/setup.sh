@@ -24,6 +24,8 @@ apt_install() {
 
 # libgfshare: the Shamir interoperability test combines shares with the C library.
 ldconfig -p | grep -q libgfshare || apt_install libgfshare2
+# A Java runtime: the analytics job (PySpark) starts a JVM.
+command -v java >/dev/null 2>&1 || apt_install openjdk-17-jre-headless
 if [ "$want_bench" = 1 ]; then
   { command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ]; } || apt_install mosquitto
   command -v mosquitto_pub >/dev/null 2>&1 || apt_install mosquitto-clients
@@ -33,7 +35,7 @@ fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-extras="dev"
-[ "$want_bench" = 1 ] && extras="dev,bench"
+extras="dev,analytics"
+[ "$want_bench" = 1 ] && extras="dev,analytics,bench"
 .venv/bin/python -m pip install -q -e ".[$extras]"
 echo "setup.sh: ready (.venv, extras: $extras)"

@@ -71,6 +71,32 @@ class ReconfigConfig(BaseModel):
     )
 
 
+class TrafficLogConfig(BaseModel):
+    """Traffic logs for the analytics job (SPEC §7): where, how often, how much to keep."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(True, description="write traffic logs (when a directory is known)")
+    dir: Path | None = Field(
+        None,
+        description="where the logs go (a subdirectory per broker); default: 'traffic' beside "
+        "links_file, and no logging when neither is set",
+    )
+    flush_interval: float = Field(
+        0.5, gt=0, le=60, description="seconds between batched writes (what a crash may lose)"
+    )
+    rotate_seconds: float = Field(300.0, gt=0, description="start a new file after this long")
+    rotate_bytes: int = Field(
+        64 * 1024 * 1024, ge=4096, description="start a new file past this size"
+    )
+    retention_bytes: int = Field(
+        1024 * 1024 * 1024, ge=4096, description="delete the oldest files past this total"
+    )
+    retention_seconds: float = Field(
+        7 * 24 * 3600.0, gt=0, description="delete files older than this"
+    )
+
+
 class BrokerConfig(BaseModel):
     """Everything a broker daemon needs to start."""
 
@@ -115,6 +141,9 @@ class BrokerConfig(BaseModel):
     )
     reconfig: ReconfigConfig = Field(
         default_factory=ReconfigConfig, description="live OCBR reconfiguration"
+    )
+    traffic_log: TrafficLogConfig = Field(
+        default_factory=TrafficLogConfig, description="traffic logs for analytics"
     )
     covering: bool = Field(True, description="suppress forwarding of covered subscriptions")
     vn: str | None = Field(None, description="this broker's virtual node (default: its id)")

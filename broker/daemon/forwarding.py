@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from collections import defaultdict
 from collections.abc import Mapping
 
 from broker.daemon.hops import Hop, SeenPublications
 from broker.daemon.shares import SecureForwarding
 from broker.daemon.stats import BrokerStats
+from broker.daemon.traffic_log import open_traffic_log
 from broker.language.filters import Value
 from broker.routing.router import Router
 from broker.wire.protocol import Forward, Publish, encode_deliver, encode_forward
@@ -46,6 +48,12 @@ class Forwarder:
         self.shares = shares
         self.seen = SeenPublications()
         self.traffic: TrafficClasses = defaultdict(int)
+        # Traffic log (SPEC §7): the hot path appends a tuple; a thread formats and writes.
+        self.tlog = open_traffic_log(shares.config)
+        shares.tlog = self.tlog
+        # Who sent the copy being routed (a client id, or the upstream replica's id).
+        self.sender: str | None = None
+        self.digest: int | None = None
 
     def start_window(self) -> None:
         """Count traffic classes afresh (a reconfiguration window started)."""
@@ -60,6 +68,8 @@ class Forwarder:
                 "advertisements; advertise first"
             )
         sec = msg.sec
+        self.sender = client_id
+        self.digest = None
         if sec is None:
             self.route(source, client_id, msg.seq, msg.attrs, msg.payload)
             return None
@@ -74,13 +84,30 @@ class Forwarder:
     def forward(self, source: Hop, sender: str | None, msg: Forward) -> None:
         """A neighbour VN's copy of a publication: route the first valid copy only."""
         self.stats.forwards_in += 1
+        tlog = self.tlog
         if not self.seen.fresh(msg.publisher, msg.seq):
+            if tlog is not None:
+                tlog.append(
+                    (
+                        "copy",
+                        time.time(),
+                        msg.publisher,
+                        msg.seq,
+                        source,
+                        sender,
+                        zlib.crc32(msg.payload),
+                    )
+                )
             return
         if msg.sec is not None and not self.shares.content_valid(
             msg.publisher, msg.seq, msg.attrs, msg.payload, msg.sec, sender
         ):
+            if tlog is not None:
+                tlog.append(("sig", time.time(), msg.publisher, msg.seq, source, sender, None))
             return
         self.seen.mark(msg.publisher, msg.seq)
+        self.sender = sender
+        self.digest = None if tlog is None else zlib.crc32(msg.payload)
         self.route(source, msg.publisher, msg.seq, msg.attrs, msg.payload, msg.sec)
 
     def route(
@@ -105,6 +132,7 @@ class Forwarder:
             self.traffic[(source, *targets)] += 1
         forward_frame: bytes | None = None
         deliver_frames: dict[tuple[str, ...], bytes] = {}
+        dropped: list[Hop] | None = None
         for hop, keys in targets.items():
             if hop.is_broker:
                 if forward_frame is None:
@@ -114,6 +142,9 @@ class Forwarder:
             elif hop.congested:
                 hop.note_dropped(keys)
                 stats.deliveries_dropped += 1
+                if dropped is None:
+                    dropped = []
+                dropped.append(hop)
             else:
                 # Subscribers with the same subscription ids share one encoded frame.
                 key = tuple(keys)
@@ -124,6 +155,23 @@ class Forwarder:
                     )
                 hop.send_raw(data)
                 stats.deliveries += 1
+        tlog = self.tlog
+        if tlog is not None:
+            tlog.append(
+                (
+                    "pub",
+                    time.time(),
+                    publisher,
+                    seq,
+                    source,
+                    self.sender,
+                    targets,
+                    dropped,
+                    len(payload),
+                    sec is not None,
+                    self.digest,
+                )
+            )
         if sec is not None:
             # After the content, so every hop sees a publication before its key shares.
             self.shares.routed(publisher, sec.epoch, targets, sec)

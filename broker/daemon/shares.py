@@ -19,6 +19,7 @@ and :meth:`SecureForwarding.recipients_of`.
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Any, TypeVar
 from broker.daemon.config import BrokerConfig, NeighbourConfig
 from broker.daemon.hops import Hop, VNHop
 from broker.daemon.stats import BrokerStats
+from broker.daemon.traffic_log import TrafficLog
 from broker.wire.protocol import Publish, Share
 from overlay.manifest import Manifest
 from security.envelope import Signer, private_key_from_bytes
@@ -59,6 +61,9 @@ class SecureForwarding:
         stats: BrokerStats,
         neighbours: Mapping[str, NeighbourConfig],
     ) -> None:
+        self.config = config
+        # The traffic log (set by the forwarder): share verdicts are logged there.
+        self.tlog: TrafficLog | None = None
         self.broker_id = config.id
         self.replica = config.replica
         self.vn = vn
@@ -180,12 +185,14 @@ class SecureForwarding:
         except PropagationError as exc:
             stats.bad_shares += 1
             log.warning("malformed share of %s/%d from %s: %s", publisher, epoch, sender, exc)
+            self._log_share(publisher, epoch, sender, sender, f"malformed: {exc}")
             return
         if record.pub_id != publication_id(publisher, epoch):
             stats.bad_shares += 1
             log.warning(
                 "share for %r arrived as %s/%d from %s", record.pub_id, publisher, epoch, sender
             )
+            self._log_share(publisher, epoch, sender, sender, "belongs to another publication")
             return
         key = (publisher, epoch)
         if sender is None:
@@ -206,7 +213,7 @@ class SecureForwarding:
         assert self.manifest is not None
         path = claimed_path(self.manifest, sec, record, self.vn)
         if path is None:
-            self._blame(key, sender, "claims no possible path")
+            self._blame(key, sender, "claims no possible path", sender)
         return path
 
     def _open_inboxes(self, key: tuple[str, int]) -> None:
@@ -242,11 +249,22 @@ class SecureForwarding:
         if waiting:
             self.unverified[key] = waiting
 
-    def _blame(self, key: tuple[str, int], broker: str, detail: str) -> None:
+    def _blame(self, key: tuple[str, int], broker: str, detail: str, sender: str) -> None:
         stats = self.stats
         stats.bad_shares += 1
         stats.blamed[broker] = stats.blamed.get(broker, 0) + 1
         log.warning("share of %s/%d rejected: %s: %s", key[0], key[1], broker, detail)
+        self._log_share(key[0], key[1], sender, broker, detail)
+
+    def _log_share(
+        self, publisher: str, epoch: int, sender: str | None, culprit: str | None, why: str | None
+    ) -> None:
+        """One share verdict in the traffic log (``culprit`` None: the share verified)."""
+        tlog = self.tlog
+        if tlog is not None:
+            tlog.append(
+                ("share", time.time(), publisher, epoch, sender, culprit is None, culprit, why)
+            )
 
     def _accept(
         self, key: tuple[str, int], inbox: ShareInbox, record: ShareRecord, sender: str
@@ -255,8 +273,9 @@ class SecureForwarding:
         before = len(inbox.blames)
         if not inbox.offer(record, sender):
             for blame in inbox.blames[before:]:
-                self._blame(key, blame.broker, f"{blame.fault}: {blame.detail}")
+                self._blame(key, blame.broker, f"{blame.fault}: {blame.detail}", sender)
             return
+        self._log_share(key[0], key[1], sender, None, None)
         self._remember(self.held, key).append(record)
         for hop in self.served.get(key, ()):
             self._send(hop, key[0], key[1], record)
