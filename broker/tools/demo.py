@@ -75,43 +75,45 @@ async def _traffic(overlay: LocalOverlay, names: list[str], count: int, rng: ran
     }
     manifest = overlay.manifest
     clients, subs = [], {}
-    for name, (at, text) in SUBSCRIBERS.items():
-        client = Client(overlay.endpoints(names[at]), client_id=name, manifest=manifest)
-        await client.connect()
-        subs[name] = client.subscribe(text)
-        await subs[name].__aenter__()
-        clients.append(client)
-    async with Client(overlay.endpoints(names[0]), client_id="exchange", key_refresh=10) as pub:
-        await pub.advertise("class = 'stock'")
-        await pub.advertise("class = 'order'")
-        await asyncio.to_thread(overlay.wait_quiet)
-        started = time.perf_counter()
-        deadline = time.monotonic() + 60
-        collectors = {
-            name: asyncio.create_task(_collect(sub, len(expected[name]), deadline))
-            for name, sub in subs.items()
-        }
-        for i, quote in enumerate(quotes):
-            payload = f"quote {quote['symbol']} {quote['price']}".encode()
-            await pub.publish(quote, payload, ack=False)
-            if i % 20 == 19:
-                order = orders[i // 20]
-                secret = f"order {order['symbol']} x{order['qty']} for account 42".encode()
-                await pub.publish(order, secret, ack=False, confidential=True)
-        await pub.drain()
-        received = {name: await task for name, task in collectors.items()}
-        elapsed = time.perf_counter() - started
-        for name, sub in subs.items():  # anything more would be a wrong delivery
-            while True:
-                try:
-                    received[name].append(await sub.get(0.3))
-                except (TrellisError, StopAsyncIteration):
-                    break
-        health = await asyncio.to_thread(overlay.health)
-        metrics = {b: await asyncio.to_thread(overlay.metrics, b) for b in overlay.brokers}
-    culprits = set().union(*(c.share_culprits() for c in clients))
-    for client in clients:
-        await client.close()
+    try:
+        for name, (at, text) in SUBSCRIBERS.items():
+            client = Client(overlay.endpoints(names[at]), client_id=name, manifest=manifest)
+            clients.append(client)
+            await client.connect()
+            subs[name] = client.subscribe(text)
+            await subs[name].__aenter__()
+        async with Client(overlay.endpoints(names[0]), client_id="exchange", key_refresh=10) as pub:
+            await pub.advertise("class = 'stock'")
+            await pub.advertise("class = 'order'")
+            await asyncio.to_thread(overlay.wait_quiet)
+            started = time.perf_counter()
+            deadline = time.monotonic() + 60
+            collectors = {
+                name: asyncio.create_task(_collect(sub, len(expected[name]), deadline))
+                for name, sub in subs.items()
+            }
+            for i, quote in enumerate(quotes):
+                payload = f"quote {quote['symbol']} {quote['price']}".encode()
+                await pub.publish(quote, payload, ack=False)
+                if i % 20 == 19:
+                    order = orders[i // 20]
+                    secret = f"order {order['symbol']} x{order['qty']} for account 42".encode()
+                    await pub.publish(order, secret, ack=False, confidential=True)
+            await pub.drain()
+            received = {name: await task for name, task in collectors.items()}
+            elapsed = time.perf_counter() - started
+            for name, sub in subs.items():  # anything more would be a wrong delivery
+                while True:
+                    try:
+                        received[name].append(await sub.get(0.3))
+                    except (TrellisError, StopAsyncIteration):
+                        break
+            health = await asyncio.to_thread(overlay.health)
+            metrics = {b: await asyncio.to_thread(overlay.metrics, b) for b in overlay.brokers}
+        culprits = set().union(*(c.share_culprits() for c in clients))
+    finally:  # interrupted too: brokers then stop at once, not after shutdown_timeout
+        for client in clients:
+            await client.close()
 
     total = sum(len(v) for v in received.values())
     print(
