@@ -367,7 +367,8 @@ def cmd_down(args: argparse.Namespace) -> int:
 
     stopped = stop_overlay(Path(args.dir))
     if stopped:
-        print(f"stopped {len(stopped)} brokers: {' '.join(stopped)}")
+        plural = "" if len(stopped) == 1 else "s"
+        print(f"stopped {len(stopped)} broker{plural}: {' '.join(stopped)}")
     else:
         print(f"nothing to stop: no broker of the overlay in {args.dir} is running")
     return 0

@@ -176,8 +176,13 @@ def _wait_ready(
     deadline = time.monotonic() + ready_timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            tail = (workdir / f"{broker_id}.log").read_text(errors="replace")[-2000:]
-            raise LaunchError(f"broker {broker_id} exited with {proc.returncode}:\n{tail}")
+            log_path = workdir / f"{broker_id}.log"
+            lines = log_path.read_text(errors="replace").splitlines()
+            last = next((line for line in reversed(lines) if line.strip()), "no output")
+            raise LaunchError(
+                f"broker {broker_id} exited with {proc.returncode} while starting: "
+                f"{last.strip()} (its log: {log_path})"
+            )
         if ready.exists():
             info = dict(item.split("=", 1) for item in ready.read_text().split())
             return BrokerProcess(

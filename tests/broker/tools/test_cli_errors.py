@@ -7,6 +7,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,8 +15,8 @@ import pytest
 
 from broker.client import Delivery
 from broker.tools import cli
-from broker.tools.launcher import BrokerProcess
-from broker.tools.local import LocalOverlay
+from broker.tools.launcher import BrokerProcess, LaunchError
+from broker.tools.local import LocalOverlay, is_broker_process, start_overlay
 from overlay.tree import line_tree
 
 
@@ -142,3 +143,54 @@ def test_plain_delivery_lines_are_not_python_reprs() -> None:
     assert cli.delivery_line(msg) == "p#3 class='x',price=5,ok=true,q='it\\'s' hello"
     binary = Delivery({"class": "x"}, b"\xff\x00", "p", 4, "s1")
     assert cli.delivery_line(binary) == "p#4 class='x' <2 bytes, base64 /wA=>"
+
+
+def test_an_error_during_up_stops_the_brokers_it_started(tmp_path: Path) -> None:
+    workdir = tmp_path / "ov"
+    with pytest.raises(LaunchError, match=r"broker b1 exited with 2 while starting: .*max_frame"):
+        start_overlay(
+            workdir, line_tree(["b0", "b1", "b2"]), overrides={"b1": {"max_frame": "bogus"}}
+        )
+    info = json.loads((workdir / "overlay.json").read_text())
+    assert [b["id"] for b in info["brokers"]] == ["b0"]
+    assert info["starting"] == []
+    assert not is_broker_process(info["brokers"][0]["pid"], "b0")
+    out = trellis("down", "--dir", str(workdir))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("nothing to stop")
+
+
+def test_sub_without_a_manifest_explains_once_how_to_decrypt(
+    run_overlay: Callable[..., LocalOverlay], tmp_path: Path
+) -> None:
+    overlay = run_overlay(line_tree(["b0"]))
+    ready = tmp_path / "sub.ready"
+    endpoint = overlay.endpoint("b0")
+    sub = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "broker", "sub", "--endpoint", endpoint, "class = 'x'"),
+            *("--count", "1", "--timeout", "20", "--ready-file", str(ready)),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not ready.exists() and time.monotonic() < deadline and sub.poll() is None:
+            time.sleep(0.05)
+        secret = trellis(
+            "pub", "--endpoint", endpoint, "--attrs", "class='x'", "--count", "3", "--confidential"
+        )
+        assert secret.returncode == 0, secret.stderr
+        plain = trellis(
+            "pub", "--endpoint", endpoint, "--attrs", "class='x',n=1", "--payload", "hi"
+        )
+        assert plain.returncode == 0, plain.stderr
+        stdout, stderr = sub.communicate(timeout=30)
+    finally:
+        sub.kill()
+        sub.wait(10)
+    assert stdout.endswith(" class='x',n=1 hi\n")
+    assert stderr.count("--manifest DIR/manifest.json") == 1, stderr
+    assert "WARNING" not in stderr
