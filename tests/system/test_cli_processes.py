@@ -154,3 +154,22 @@ def test_interrupted_demo_with_a_dir_keeps_it_and_down_finds_nothing_running(
     down = trellis("down", "--dir", str(workdir / "line"))
     assert down.returncode == 0, down.stderr
     assert down.stdout.startswith("nothing to stop")
+
+
+def test_down_stops_every_broker_of_an_up_that_was_killed_mid_launch(
+    tmp_path: Path, started: list[subprocess.Popen[bytes]]
+) -> None:
+    """SIGKILL cannot be caught: overlay.json names each broker from the moment it is spawned,
+    so `trellis down` still finds them all, the one that was starting included."""
+    workdir = tmp_path / "ov"
+    up, _ = spawn(started, tmp_path, "up", "--vns", "5", "--replicas", "3", "--dir", str(workdir))
+    wait_for(lambda: brokers_listed(workdir) >= 4 or up.poll() is not None)
+    up.kill()
+    up.wait(10)
+    listed = brokers_listed(workdir)
+    left = processes_under(workdir)
+    assert 0 < len(left) <= listed
+    down = trellis("down", "--dir", str(workdir))
+    assert down.returncode == 0, down.stderr
+    assert down.stdout.startswith(f"stopped {len(left)} broker"), down.stdout
+    wait_for(lambda: processes_under(workdir) == [], timeout=15)
