@@ -173,3 +173,22 @@ def test_down_stops_every_broker_of_an_up_that_was_killed_mid_launch(
     assert down.returncode == 0, down.stderr
     assert down.stdout.startswith(f"stopped {len(left)} broker"), down.stdout
     wait_for(lambda: processes_under(workdir) == [], timeout=15)
+
+
+def test_a_second_up_into_a_directory_being_started_is_refused(
+    tmp_path: Path, started: list[subprocess.Popen[bytes]]
+) -> None:
+    workdir = tmp_path / "ov"
+    first, out = spawn(
+        started, tmp_path, "up", "--vns", "4", "--replicas", "3", "--dir", str(workdir)
+    )
+    wait_for(lambda: brokers_listed(workdir) >= 1 or first.poll() is not None)
+    second = trellis("up", "--vns", "2", "--dir", str(workdir))
+    assert second.returncode == 2
+    assert "Traceback" not in second.stderr
+    # "another trellis up is starting", or "already running" if the first one finished
+    assert f"trellis down --dir {workdir}" in second.stderr
+    assert first.wait(60) == 0, out.read_text()
+    down = trellis("down", "--dir", str(workdir))
+    assert down.stdout.startswith("stopped 12 brokers"), down.stdout
+    assert processes_under(workdir) == []
