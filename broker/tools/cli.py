@@ -769,7 +769,26 @@ def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     add_pst_parser(sub, real=pst)
+    add_analytics_parser(sub)
     return parser
+
+
+def add_analytics_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
+    """``trellis analytics ...``: runs ``python -m analytics.cli`` with the same arguments, so
+    that no other command loads PySpark (and the tools layer does not import analytics)."""
+    p = subparsers.add_parser(
+        "analytics", help="traffic-log analytics on Spark: trellis analytics run --logs DIR ..."
+    )
+    p.add_argument("args", nargs=argparse.REMAINDER, help="run --logs DIR --out DIR [...]")
+
+    def run(args: argparse.Namespace) -> int:
+        import subprocess
+
+        return subprocess.call([sys.executable, "-m", "analytics.cli", *args.args])
+
+    p.set_defaults(func=run)
 
 
 # -- pst --------------------------------------------------------------------------------

@@ -1,0 +1,495 @@
+"""The traffic-log job (SPEC §7) on PySpark DataFrames: classes, local views, failures, trust.
+
+``trellis analytics run --logs DIR --out DIR`` runs it in local mode; on a cluster the same
+module runs under spark-submit::
+
+    spark-submit --master spark://HOST:7077 -m analytics.job --logs DIR --out DIR
+    # or: spark-submit --master spark://HOST:7077 $(python -c 'import analytics.job as j;
+    #     print(j.__file__)') --logs DIR --out DIR
+
+Every aggregation is a DataFrame operation executed by Spark; the driver only collects the
+few rows of the summary. The semantics, table by table, are those of
+:mod:`analytics.reference` (the pure-Python reference the tests compare this job with).
+
+Outputs under ``--out``: one Parquet directory per table (``classes``, ``local_views``,
+``trust_feedback``, ``broker_failures``, ``link_failures``, ``path_failures``) and
+``summary.json``; both carry ``version`` (:data:`analytics.schema.OUTPUT_VERSION`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from analytics.reference import TABLES
+from analytics.schema import OUTPUT_VERSION, schema_version, spark_ddl
+
+Progress = Callable[[str], None]
+
+
+def session(master: str | None = None, app: str = "trellis-analytics", **conf: str) -> Any:
+    """A SparkSession for the job: ``master`` when given, else the one spark-submit set,
+    else local[*] (which needs only the pyspark package and a JVM)."""
+    from pyspark.sql import SparkSession
+
+    cores = os.cpu_count() or 2
+    builder = SparkSession.builder
+    if master is not None:
+        builder = builder.master(master)
+    builder = (
+        builder.appName(app)
+        .config("spark.sql.shuffle.partitions", str(max(4, 2 * cores)))
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", conf.pop("spark.driver.memory", "3g"))
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def load(spark: Any, logs: str | Path) -> Any:
+    """The valid records under ``logs``: explicit schema, torn or foreign lines dropped."""
+    from pyspark.sql import functions as F
+
+    raw = (
+        spark.read.schema(spark_ddl())
+        .option("mode", "DROPMALFORMED")
+        .option("recursiveFileLookup", "true")
+        .option("pathGlobFilter", "*.jsonl")
+        .json(str(logs))
+    )
+    return raw.where(
+        (F.col("v") == schema_version()) & F.col("k").isNotNull() & F.col("t").isNotNull()
+    )
+
+
+def compute(records: Any, width: float, timely: float = 1.0) -> dict[str, Any]:
+    """Every output table as a DataFrame (same semantics as :func:`analytics.reference.compute`)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    col, lit = F.col, F.lit
+
+    def window_of(t: Any) -> Any:
+        return F.floor(t / lit(width)) * lit(width)
+
+    def ratio(num: Any, den: Any) -> Any:
+        return F.when(den > 0, num / den)
+
+    recs = records
+    meta = recs.where(col("k") == "meta")
+    members = (
+        meta.select(col("b").alias("broker"), col("vn").alias("broker_vn"))
+        .unionByName(
+            meta.select(F.explode("nb").alias("n")).select(
+                col("n.id").alias("broker"), col("n.vn").alias("broker_vn")
+            )
+        )
+        .distinct()
+    )
+    pubs = recs.where(col("k") == "pub")
+    pub_info = pubs.groupBy("p", "s").agg(
+        F.min("t").alias("t0"),
+        F.min(F.when(col("pc"), col("vn"))).alias("src"),
+        F.array_sort(
+            F.collect_set(F.when((F.size("loc") > 0) | (F.size("drop") > 0), col("vn")))
+        ).alias("dsts"),
+    )
+    pub_info = pub_info.withColumn("w", window_of(col("t0"))).drop("t0").cache()
+    win = pub_info.select("p", "s", col("w").alias("pw"))
+
+    def windowed(df: Any) -> Any:
+        """``df`` with ``w``: its publication's window, else its own time's."""
+        return (
+            df.join(win, ["p", "s"], "left")
+            .withColumn("w", F.coalesce(col("pw"), window_of(col("t"))))
+            .drop("pw")
+        )
+
+    classes = (
+        pub_info.where(col("src").isNotNull() & (F.size("dsts") > 0))
+        .groupBy("w", "src", "dsts")
+        .agg(F.count(lit(1)).alias("demand"))
+    )
+
+    pubs_w = windowed(pubs)
+    members_set = F.array_sort(
+        F.array_distinct(
+            F.concat(
+                F.array(col("prev")),
+                F.coalesce(col("next"), F.array()),
+                F.coalesce(col("loc"), F.array()),
+                F.coalesce(col("drop"), F.array()),
+            )
+        )
+    )
+    local_views = (
+        pubs_w.select("w", col("b").alias("broker"), members_set.alias("members"))
+        .where(F.size("members") > 1)
+        .groupBy("w", "broker", "members")
+        .agg(F.count(lit(1)).alias("demand"))
+    )
+    dropped = (
+        pubs_w.where(F.size("drop") > 0)
+        .groupBy("w", col("b").alias("broker"))
+        .agg(F.sum(F.size("drop")).alias("dropped_deliveries"))
+    )
+
+    # What each evaluator saw of each publication it routed from a neighbour VN.
+    routed = pubs.where(~col("pc")).select(
+        col("b").alias("e"), "p", "s", col("prev").alias("prev_vn")
+    )
+    copies = recs.where(((col("k") == "pub") & ~col("pc")) | (col("k") == "copy")).select(
+        col("b").alias("e"), "p", "s", col("from").alias("broker"), "dig", "t"
+    )
+    first = copies.groupBy("e", "p", "s").agg(F.min("t").alias("first_t"))
+    by_digest = copies.groupBy("e", "p", "s", "dig").agg(F.count(lit(1)).alias("c"))
+    rank = Window.partitionBy("e", "p", "s").orderBy(col("c").desc(), col("dig").asc())
+    majority = (
+        by_digest.withColumn("rk", F.row_number().over(rank))
+        .where(col("rk") == 1)
+        .select("e", "p", "s", col("dig").alias("maj"))
+    )
+    mine = (
+        copies.join(majority, ["e", "p", "s"])
+        .join(first, ["e", "p", "s"])
+        .groupBy("e", "p", "s", "broker")
+        .agg(
+            F.max((col("dig") != col("maj")).cast("int")).alias("conflicting"),
+            F.min(col("t") - col("first_t")).alias("delay"),
+        )
+    )
+    badsig = (
+        recs.where(col("k") == "sig")
+        .select(col("b").alias("e"), "p", "s", col("from").alias("broker"))
+        .distinct()
+        .withColumn("sig", lit(1))
+    )
+    expected = routed.join(members, routed.prev_vn == members.broker_vn).drop(
+        "prev_vn", "broker_vn"
+    )
+    per_pub = (
+        expected.join(mine, ["e", "p", "s", "broker"], "left")
+        .join(badsig, ["e", "p", "s", "broker"], "left")
+        .select(
+            "e",
+            "p",
+            "s",
+            "broker",
+            F.lit(1).alias("expected"),
+            (col("delay").isNotNull() | col("sig").isNotNull()).cast("int").alias("received"),
+            (col("delay").isNull() & col("sig").isNull()).cast("int").alias("missing"),
+            F.coalesce(col("conflicting"), lit(0)).alias("conflicting"),
+            F.coalesce(col("sig"), lit(0)).alias("bad_signatures"),
+            (col("delay").isNotNull() & (col("delay") <= lit(timely))).cast("int").alias("timely"),
+        )
+        .join(win, ["p", "s"])
+        .withColumnRenamed("pw", "w")
+    )
+    copy_counts = per_pub.groupBy("w", "e", "broker").agg(
+        *(
+            F.sum(name).alias(name)
+            for name in (
+                "expected",
+                "received",
+                "missing",
+                "conflicting",
+                "bad_signatures",
+                "timely",
+            )
+        )
+    )
+    shares = windowed(recs.where(col("k") == "share"))
+    share_counts = (
+        shares.where(col("ok"))
+        .groupBy("w", col("b").alias("e"), col("from").alias("broker"))
+        .agg(F.count(lit(1)).alias("shares_ok"))
+        .join(
+            shares.where(~col("ok") & col("cul").isNotNull())
+            .groupBy("w", col("b").alias("e"), col("cul").alias("broker"))
+            .agg(F.count(lit(1)).alias("bad_shares")),
+            ["w", "e", "broker"],
+            "full",
+        )
+    )
+    counts = (
+        "expected",
+        "received",
+        "missing",
+        "conflicting",
+        "bad_signatures",
+        "timely",
+        "shares_ok",
+        "bad_shares",
+    )
+    pairs = copy_counts.join(share_counts, ["w", "e", "broker"], "full").select(
+        "w",
+        col("e").alias("evaluator"),
+        "broker",
+        *(F.coalesce(col(n), lit(0)).cast("long").alias(n) for n in counts),
+    )
+    pairs = pairs.join(members, "broker", "left")
+    failures = col("missing") + col("conflicting") + col("bad_signatures") + col("bad_shares")
+    events = col("expected") + col("shares_ok") + col("bad_shares")
+    trust = (
+        pairs.withColumn("failures", failures)
+        .withColumn("events", events)
+        .withColumn("failure_ratio", ratio(col("failures"), col("events")))
+        .withColumn(
+            "delivery_ratio",
+            ratio(col("received") - col("conflicting") - col("bad_signatures"), col("expected")),
+        )
+        .withColumn(
+            "share_integrity", ratio(col("shares_ok"), col("shares_ok") + col("bad_shares"))
+        )
+        .withColumn("timeliness", ratio(col("timely"), col("received") - col("bad_signatures")))
+        .select(*TABLES["trust_feedback"])
+        .cache()
+    )
+
+    of_brokers = trust.where(col("broker_vn").isNotNull())
+    sums = [F.sum(n).alias(n) for n in ("expected", "failures", "events")]
+    broker_failures = (
+        of_brokers.groupBy("w", "broker")
+        .agg(*sums)
+        .join(dropped, ["w", "broker"], "full")
+        .select(
+            "w",
+            "broker",
+            *(F.coalesce(col(n), lit(0)).alias(n) for n in ("expected", "failures", "events")),
+            F.coalesce(col("dropped_deliveries"), lit(0)).alias("dropped_deliveries"),
+        )
+        .withColumn("failure_ratio", ratio(col("failures"), col("events")))
+        .select(*TABLES["broker_failures"])
+    )
+    evaluator_vn = members.select(col("broker").alias("evaluator"), col("broker_vn").alias("ev"))
+    link_sums = (
+        of_brokers.join(evaluator_vn, "evaluator", "left")
+        .groupBy(
+            "w", col("broker_vn").alias("src_vn"), F.coalesce(col("ev"), lit("?")).alias("dst_vn")
+        )
+        .agg(*sums)
+    )
+    peer_vn = members.select(col("broker").alias("peer"), col("broker_vn").alias("pv"))
+    links_down = (
+        recs.where(col("k") == "link")
+        .join(peer_vn, "peer", "left")
+        .groupBy(
+            window_of(col("t")).alias("w"),
+            col("vn").alias("src_vn"),
+            F.coalesce(col("pv"), lit("?")).alias("dst_vn"),
+        )
+        .agg(F.count(lit(1)).alias("links_down"))
+    )
+    link_failures = (
+        link_sums.join(links_down, ["w", "src_vn", "dst_vn"], "full")
+        .select(
+            "w",
+            "src_vn",
+            "dst_vn",
+            *(F.coalesce(col(n), lit(0)).alias(n) for n in ("expected", "failures", "events")),
+            F.coalesce(col("links_down"), lit(0)).alias("links_down"),
+        )
+        .withColumn("failure_ratio", ratio(col("failures"), col("events")))
+        .select(*TABLES["link_failures"])
+    )
+
+    failed = (
+        per_pub.where((col("missing") + col("conflicting") + col("bad_signatures")) > 0)
+        .select("p", "s")
+        .unionByName(shares.where(~col("ok") & col("cul").isNotNull()).select("p", "s"))
+        .distinct()
+        .withColumn("bad", lit(1))
+    )
+    path_failures = (
+        pub_info.where(col("src").isNotNull())
+        .join(failed, ["p", "s"], "left")
+        .select(
+            "w", "src", F.explode("dsts").alias("dst"), F.coalesce(col("bad"), lit(0)).alias("bad")
+        )
+        .groupBy("w", "src", "dst")
+        .agg(F.count(lit(1)).alias("publications"), F.sum("bad").alias("failed"))
+        .withColumn("failure_ratio", ratio(col("failed"), col("publications")))
+        .select(*TABLES["path_failures"])
+    )
+    return {
+        "classes": classes.select(*TABLES["classes"]),
+        "local_views": local_views.select(*TABLES["local_views"]),
+        "trust_feedback": trust,
+        "broker_failures": broker_failures,
+        "link_failures": link_failures,
+        "path_failures": path_failures,
+    }
+
+
+def summarise(tables: dict[str, Any], records: int, width: float, top: int = 5) -> dict[str, Any]:
+    """The small JSON summary (collects only a handful of aggregated rows)."""
+    from pyspark.sql import functions as F
+
+    classes = tables["classes"]
+    totals = classes.agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.countDistinct("src", "dsts").alias("classes"),
+        F.countDistinct("w").alias("windows"),
+        F.sum("demand").alias("publications"),
+    ).first()
+    talkers = (
+        classes.groupBy("src")
+        .agg(F.sum("demand").alias("demand"))
+        .orderBy(F.col("demand").desc(), "src")
+        .limit(top)
+        .collect()
+    )
+    culprits = (
+        tables["broker_failures"]
+        .groupBy("broker")
+        .agg(F.sum("failures").alias("failures"), F.sum("events").alias("events"))
+        .where(F.col("failures") > 0)
+        .orderBy(F.col("failures").desc(), "broker")
+        .collect()
+    )
+    return {
+        "version": OUTPUT_VERSION,
+        "log_schema_version": schema_version(),
+        "window_seconds": width,
+        "records": records,
+        "windows": int(totals["windows"] or 0),
+        "classes": int(totals["classes"] or 0),
+        "publications": int(totals["publications"] or 0),
+        "top_talkers": [{"src": r["src"], "demand": int(r["demand"])} for r in talkers],
+        "brokers_with_failures": [
+            {
+                "broker": r["broker"],
+                "failures": int(r["failures"]),
+                "events": int(r["events"]),
+                "failure_ratio": r["failures"] / r["events"] if r["events"] else None,
+            }
+            for r in culprits
+        ],
+    }
+
+
+def run(
+    spark: Any,
+    logs: str | Path,
+    out: str | Path,
+    width: float = 60.0,
+    timely: float = 1.0,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Read the logs, compute every table, write them as Parquet with ``summary.json``."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    say = progress or (lambda _msg: None)
+    started = time.monotonic()
+    out_dir = Path(out)
+    records = load(spark, logs).persist(StorageLevel.MEMORY_AND_DISK)
+    say("reading logs")
+    count = records.count()
+    say(f"{count} records read ({time.monotonic() - started:.1f} s)")
+    tables = compute(records, width, timely)
+    for name, df in tables.items():
+        say(f"writing {name}")
+        df.withColumn("version", F.lit(OUTPUT_VERSION)).write.mode("overwrite").parquet(
+            str(out_dir / name)
+        )
+    summary = summarise({n: spark.read.parquet(str(out_dir / n)) for n in tables}, count, width)
+    summary["seconds"] = round(time.monotonic() - started, 3)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", "utf-8")
+    records.unpersist()
+    say(f"done in {summary['seconds']:.1f} s")
+    return summary
+
+
+def parse_seconds(text: str) -> float:
+    """``60``, ``60s``, ``5m``, ``1h`` → seconds."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    text = text.strip()
+    scale = units.get(text[-1:])
+    value = float(text[:-1] if scale else text) * (scale or 1.0)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"a window must be positive: {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The job's options (shared by ``trellis analytics run`` and ``python -m``)."""
+    parser.add_argument("--logs", required=True, help="traffic-log directory (searched deeply)")
+    parser.add_argument("--out", required=True, help="output directory (Parquet + summary.json)")
+    parser.add_argument(
+        "--window", type=parse_seconds, default=60.0, help="Δt, e.g. 60s, 5m (default 60s)"
+    )
+    parser.add_argument(
+        "--timely", type=parse_seconds, default=1.0, help="a copy later than this is not timely"
+    )
+    parser.add_argument(
+        "--master", default=None, help="Spark master (default local[*]; spark://HOST:7077)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def human_summary(summary: dict[str, Any]) -> str:
+    """A few lines for people: classes, top talkers, brokers with failures."""
+    lines = [
+        f"{summary['records']} records, {summary['windows']} window(s) of "
+        f"{summary['window_seconds']:g} s, {summary['publications']} publications in "
+        f"{summary['classes']} traffic class(es), {summary['seconds']:.1f} s",
+        "top talkers (publisher edge VN: publications): "
+        + (", ".join(f"{t['src']}: {t['demand']}" for t in summary["top_talkers"]) or "none"),
+    ]
+    bad = summary["brokers_with_failures"]
+    if not bad:
+        lines.append("brokers with failures: none")
+    else:
+        lines.append("brokers with failures:")
+        lines.extend(
+            f"  {b['broker']}: {b['failures']} of {b['events']} ({b['failure_ratio']:.1%})"
+            for b in bad
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m analytics.job`` (and spark-submit): run the job once."""
+    parser = argparse.ArgumentParser(prog="analytics.job", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return run_cli(args)
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """Run the job for parsed arguments; progress on stderr, summary on stdout."""
+    started = time.monotonic()
+
+    def progress(msg: str) -> None:
+        if not args.quiet:
+            print(f"[{time.monotonic() - started:6.1f} s] {msg}", file=sys.stderr, flush=True)
+
+    if not Path(args.logs).exists():
+        print(f"analytics: no such log directory: {args.logs}", file=sys.stderr)
+        return 2
+    progress("starting Spark" + (f" ({args.master})" if args.master else " (local[*])"))
+    spark = session(args.master)
+    try:
+        summary = run(spark, args.logs, args.out, args.window, args.timely, progress)
+    finally:
+        spark.stop()
+    print(json.dumps(summary, indent=2) if args.json else human_summary(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
