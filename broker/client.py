@@ -23,6 +23,7 @@ import contextlib
 import itertools
 import logging
 import random
+import socket
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -80,6 +81,10 @@ log = logging.getLogger("trellis.client")
 _FRAME_OVERHEAD = 64
 _KEY_MEMORY = 4096
 _CORK_LIMIT = 64 * 1024
+# getaddrinfo's answers that a name does not exist (not a transient resolver failure).
+_UNKNOWN_HOST = {
+    getattr(socket, name) for name in ("EAI_NONAME", "EAI_NODATA") if hasattr(socket, name)
+}
 
 
 class Status(Enum):
@@ -224,7 +229,6 @@ class Subscription:
         self.dropped = 0
         self._reported_dropped = 0
         self.active = False
-        self._threshold = client.fault_tolerance + 1
         self._delivered: dict[str, int] = {}
         # publisher -> seq -> agreed copy waiting for earlier ones or for its key
         self._confirmed: dict[str, dict[int, Delivery]] = {}
@@ -256,7 +260,8 @@ class Subscription:
         that matches has arrived from that honest replica already: deliver those first.
         """
         publisher, seq = delivery.publisher, delivery.seq
-        if self._threshold == 1 and delivery.sec is None and publisher not in self._confirmed:
+        threshold = self.client.fault_tolerance + 1
+        if threshold == 1 and delivery.sec is None and publisher not in self._confirmed:
             if seq > self._delivered.get(publisher, 0):
                 self._delivered[publisher] = seq
                 self._deliver(delivery)
@@ -268,7 +273,7 @@ class Subscription:
         content = (delivery.payload, sig, tuple(sorted(delivery.attrs.items())))
         _, replicas = versions.setdefault(content, (delivery, set()))
         replicas.add(replica)
-        if len(replicas) < self._threshold:
+        if len(replicas) < threshold:
             return
         pending = self._copies[publisher]
         confirmed = self._confirmed.setdefault(publisher, {})
@@ -428,6 +433,11 @@ class Client:
         replicas = len(self.endpoints)
         self.fault_tolerance = (replicas - 1) // 2
         self.quorum = replicas // 2 + 1
+        # Several endpoints of a plain broker (WELCOME says vn_size 1) are alternatives:
+        # one connection at a time, to whichever answers; otherwise they are replicas.
+        self.alternatives = False
+        self._failures: dict[int, tuple[bool, str]] = {}  # index -> (final, reason)
+        self._hopeless = asyncio.Event()
         self._status = Status.DISCONNECTED
         self._links: dict[int, _Link] = {}
         # Links past WELCOME whose restore is under way: they get every routing request
@@ -484,27 +494,45 @@ class Client:
             self._entered = False
 
     async def connect(self) -> None:
-        """Connect to the replicas, returning once a majority is up (within
+        """Connect, returning once a majority of the replicas is up (within
         ``connect_timeout``); the rest keep being tried in the background.
 
+        The endpoints are tried together. When they are replicas of one virtual node
+        (their WELCOME says so), the client keeps a connection to each. When they are
+        plain brokers, they are alternatives: the client uses the first that answers and
+        fails over to another when it goes.
+
         Raises:
+            ConnectionLost: every endpoint refused the connection or names an unknown
+                host (raised as soon as that is known, not after ``connect_timeout``).
             TrellisTimeout: no majority of endpoints answered in time.
         """
         self._status = Status.CONNECTING
         self._stopping = False
+        self._failures.clear()
+        self._hopeless.clear()
         self._supervisors = [
             asyncio.create_task(self._supervise(i), name=f"trellis-{self.client_id}-{i}")
             for i in range(len(self.endpoints))
         ]
+        waits = [asyncio.ensure_future(e.wait()) for e in (self._connected, self._hopeless)]
         try:
-            await asyncio.wait_for(self._connected.wait(), self.connect_timeout)
-        except TimeoutError:
-            errors = "; ".join(f"{h}:{p}" for h, p in self.endpoints)
-            await self._stop_supervisors()
-            self._status = Status.DISCONNECTED
-            raise TrellisTimeout(
-                f"could not connect to {errors} within {self.connect_timeout:g} s"
-            ) from None
+            await asyncio.wait(waits, timeout=self.connect_timeout, return_when="FIRST_COMPLETED")
+        finally:
+            for wait in waits:
+                wait.cancel()
+        if self._connected.is_set():
+            return
+        reasons = "; ".join(
+            f"{h}:{p} ({self._failures[i][1]})" if i in self._failures else f"{h}:{p}"
+            for i, (h, p) in enumerate(self.endpoints)
+        )
+        hopeless = self._hopeless.is_set()
+        await self._stop_supervisors()
+        self._status = Status.DISCONNECTED
+        if hopeless:
+            raise ConnectionLost(f"could not connect to {reasons}")
+        raise TrellisTimeout(f"could not connect to {reasons} within {self.connect_timeout:g} s")
 
     async def connected(self) -> None:
         """Wait until the client is connected (to a majority of replicas)."""
@@ -584,8 +612,9 @@ class Client:
 
         Raises:
             FilterSyntaxError: the filter text does not parse.
+            FilterError: no publication could ever match the filter.
         """
-        parsed = parse_filter(flt) if isinstance(flt, str) else flt
+        parsed = parse_filter(flt) if isinstance(flt, str) else flt.require_satisfiable()
         adv_id = adv_id or f"a{next(self._sub_ids)}"
         self._advertisements[adv_id] = parsed
         try:
@@ -686,8 +715,9 @@ class Client:
 
         Raises:
             FilterSyntaxError: the filter text does not parse (raised here, before any I/O).
+            FilterError: no publication could ever match the filter (also raised here).
         """
-        parsed = parse_filter(flt) if isinstance(flt, str) else flt
+        parsed = parse_filter(flt) if isinstance(flt, str) else flt.require_satisfiable()
         return Subscription(self, parsed, f"s{next(self._sub_ids)}", queue_size or self.queue_size)
 
     async def _start_subscription(self, sub: Subscription) -> None:
@@ -809,7 +839,12 @@ class Client:
             # A connect_timeout during the handshake must not leave the socket open.
             link.close()
             raise
-        self.broker_id = link.broker_id = welcome.broker_id
+        if vn_size == 1 and len(self.endpoints) > 1 and not self.alternatives:
+            log.debug("%s: the endpoints are alternatives (plain brokers)", self.client_id)
+            self.alternatives = True
+            self.quorum = 1
+            self.fault_tolerance = 0
+        link.broker_id = welcome.broker_id
         link.replica = replica
         self.vn = str(options.get("vn", welcome.broker_id))
         self.vn_size = vn_size
@@ -868,6 +903,36 @@ class Client:
             self._connected.clear()
             self._disconnected.set()
 
+    def _active_alternative(self, index: int) -> _Link | None:
+        """With alternatives, the link of another endpoint that is in use, if any."""
+        if not self.alternatives:
+            return None
+        for links in (self._links, self._joining):
+            for i, link in links.items():
+                if i != index:
+                    return link
+        return None
+
+    def _connect_failed(self, index: int, exc: BaseException) -> None:
+        """Note why an endpoint failed; give up the first connect once none can succeed."""
+        if isinstance(exc, ConnectionRefusedError):
+            final, reason = True, "connection refused"
+        elif isinstance(exc, socket.gaierror) and exc.errno in _UNKNOWN_HOST:
+            final, reason = True, "unknown host"
+        elif isinstance(exc, TimeoutError):
+            final, reason = False, "timed out"
+        else:
+            final, reason = False, str(exc) or type(exc).__name__
+        self._failures[index] = (final, reason)
+        if (
+            self._status is Status.CONNECTING
+            and not self._links
+            and not self._joining
+            and len(self._failures) == len(self.endpoints)
+            and all(final for final, _ in self._failures.values())
+        ):
+            self._hopeless.set()
+
     async def _supervise(self, index: int) -> None:
         """Keep the connection to one endpoint open, restoring state on every reconnect."""
         attempt = 0
@@ -879,6 +944,11 @@ class Client:
                 attempt += 1
                 await asyncio.sleep(self._backoff(attempt))
             first = False
+            active = self._active_alternative(index)
+            if active is not None:
+                await asyncio.shield(active.lost)  # fail over once the one in use goes
+                attempt = 0
+                continue
             host, port = self.endpoints[index]
             try:
                 # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
@@ -887,6 +957,11 @@ class Client:
                     link = await self._open(index)
             except (OSError, TrellisError, TimeoutError) as exc:
                 log.debug("connect to %s:%d failed: %s", host, port, exc)
+                self._connect_failed(index, exc)
+                continue
+            self._failures.pop(index, None)
+            if self._active_alternative(index) is not None:
+                link.close()  # another alternative answered first
                 continue
             try:
                 await self._restore(link)
@@ -897,6 +972,7 @@ class Client:
             if link.lost.done():
                 continue
             self._links[index] = link
+            self.broker_id = link.broker_id
             self._update_status()
             if attempt:
                 log.info("%s reconnected to %s:%d", self.client_id, host, port)

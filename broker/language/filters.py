@@ -35,7 +35,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
-from typing import Any, Final, cast
+from typing import Any, Final, Self, cast
 
 from broker.errors import FilterError
 from broker.language.intervals import (
@@ -397,6 +397,40 @@ class Filter:
             object.__setattr__(self, "_satisfiable", satisfiable)
         return satisfiable
 
+    def unsatisfiable_reason(self) -> str | None:
+        """Say why no publication can match this filter, or None when one can.
+
+        Names the attribute and its predicates; when they want values of different types
+        (``price > 'abc' and price < 5``), names the two predicates and their types.
+        """
+        if self.is_satisfiable():
+            return None
+        for attr, space in sorted(self._attribute_spaces().items()):
+            if not space.is_empty():
+                continue
+            tests = [p for p in self.predicates if p.attr == attr]
+            for i, a in enumerate(tests):
+                for b in tests[i + 1 :]:
+                    if not _kinds_of(a) & _kinds_of(b):
+                        return (
+                            f"{a} needs {_describe(_kinds_of(a))}, {b} needs "
+                            f"{_describe(_kinds_of(b))}; no value of {_format_name(attr)} is both"
+                        )
+            shown = ", ".join(str(p) for p in tests)
+            return f"no value of {_format_name(attr)} satisfies all of: {shown}"
+        return "no publication can match"  # pragma: no cover - an empty space was found above
+
+    def require_satisfiable(self) -> Self:
+        """Return this filter, or refuse one that no publication can ever match.
+
+        Raises:
+            FilterError: saying which attribute's predicates contradict each other and why.
+        """
+        reason = self.unsatisfiable_reason()
+        if reason is not None:
+            raise FilterError(f"unsatisfiable filter, it can never match: {reason}")
+        return self
+
     def intersects(self, other: Filter) -> bool:
         """Tell whether some publication could match both filters (advertisement vs subscription).
 
@@ -447,7 +481,8 @@ class Filter:
             The filter.
 
         Raises:
-            FilterError: naming the offending predicate by its 0-based index.
+            FilterError: naming the offending predicate by its 0-based index, or saying why
+                the filter can never match (see ``require_satisfiable``).
         """
         if not isinstance(data, list | tuple):
             raise FilterError(f"a filter must be a list of predicates, got {_show(data)}")
@@ -475,7 +510,7 @@ class Filter:
             if problem:
                 raise FilterError(f"predicate {index}: {problem}")
             predicates.append(Predicate(attr, op, value))
-        return cls(tuple(predicates))
+        return cls(tuple(predicates)).require_satisfiable()
 
     def __str__(self) -> str:
         if not self.predicates:
@@ -538,6 +573,28 @@ def _format_value(value: Value) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # Reasoning: the value set of each predicate, met per attribute by Filter._attribute_spaces.
+
+
+_KIND_NAMES: Final = {bool: "a boolean", str: "a string", float: "a number"}
+_ALL_KINDS: Final = frozenset(_KIND_NAMES)
+
+
+def _kind(value: Value) -> type:
+    return bool if isinstance(value, bool) else str if isinstance(value, str) else float
+
+
+def _kinds_of(predicate: Predicate) -> frozenset[type]:
+    """The value types a predicate admits (``exists`` admits all of them)."""
+    value = predicate.value
+    if value is None:
+        return _ALL_KINDS
+    if isinstance(value, frozenset):
+        return frozenset(_kind(v) for v in value)
+    return frozenset((_kind(value),))
+
+
+def _describe(kinds: frozenset[type]) -> str:
+    return " or ".join(name for kind, name in _KIND_NAMES.items() if kind in kinds)
 
 
 def _space_of(predicate: Predicate) -> Space:

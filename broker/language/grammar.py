@@ -256,7 +256,7 @@ class _Parser:
                     token.text,
                 )
             predicates.append(self.predicate())
-        return Filter(tuple(predicates))
+        return Filter(tuple(predicates)).require_satisfiable()
 
     def attrs(self) -> dict[str, Value]:
         result: dict[str, Value] = {}
@@ -300,6 +300,8 @@ def parse_filter(text: str) -> Filter:
     Raises:
         FilterSyntaxError: naming the offending token and its 0-based position, e.g.
             ``unexpected token 'or' at position 17: expected 'and'``.
+        FilterError: the filter parses but no publication can ever match it, e.g.
+            ``price > 'abc' and price < 5`` (a value cannot be a string and a number).
     """
     return _Parser(text).filter()
 

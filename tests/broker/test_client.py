@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from broker.client import Client, Status
-from broker.errors import InvalidRequest, TrellisError, TrellisTimeout
+from broker.errors import ConnectionLost, InvalidRequest, TrellisError, TrellisTimeout
 from broker.tools.launcher import BrokerProcess
 from broker.tools.local import free_ports
 from broker.wire.protocol import Deliver, MsgType, Notice
@@ -33,13 +33,75 @@ def frozen(broker: BrokerProcess) -> Iterator[None]:
 
 
 async def test_connect_timeout_really_bounds_the_first_connect() -> None:
-    (port,) = free_ports(1)
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)  # accepts, never answers HELLO
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
     client = Client(f"127.0.0.1:{port}", connect_timeout=0.5)
     started = time.monotonic()
-    with pytest.raises(TrellisTimeout, match="could not connect"):
-        await client.connect()
+    try:
+        with pytest.raises(TrellisTimeout, match=r"could not connect .*within 0.5 s"):
+            await client.connect()
+    finally:
+        for writer in accepted:
+            writer.close()
+        server.close()
+        await server.wait_closed()
     assert time.monotonic() - started < 2.0
     assert client.status is Status.DISCONNECTED
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "reason"),
+    [("127.0.0.1:{free}", "connection refused"), ("no-such-host.invalid:7700", "unknown host")],
+)
+async def test_a_refused_port_or_an_unknown_host_fails_at_once_and_says_so(
+    endpoint: str, reason: str
+) -> None:
+    (free,) = free_ports(1)
+    client = Client(endpoint.format(free=free), connect_timeout=5)
+    started = time.monotonic()
+    with pytest.raises(ConnectionLost, match=f"could not connect to .*{reason}"):
+        await client.connect()
+    assert time.monotonic() - started < 1.0
+    assert client.status is Status.DISCONNECTED
+
+
+async def test_endpoints_of_plain_brokers_are_alternatives_and_the_live_one_is_used(
+    broker: BrokerProcess,
+) -> None:
+    (dead,) = free_ports(1)
+    async with Client([broker.endpoint, f"127.0.0.1:{dead}"], connect_timeout=3) as client:
+        assert client.alternatives
+        async with client.subscribe("class = 'x'") as sub:
+            await client.advertise("class = 'x'")
+            await client.publish({"class": "x"})
+            assert (await sub.get(timeout=5)).attrs == {"class": "x"}
+    async with Client([f"127.0.0.1:{dead}", broker.endpoint], connect_timeout=3) as client:
+        await client.flush()
+
+
+@pytest.mark.slow
+async def test_a_client_fails_over_to_the_other_plain_broker_and_restores_its_state(
+    run_broker: Callable[..., BrokerProcess],
+) -> None:
+    first, second = run_broker("alt1"), run_broker("alt2")
+    async with (
+        Client([first.endpoint, second.endpoint], client_id="alt", max_backoff=0.2) as client,
+        client.subscribe("class = 'x'") as sub,
+    ):
+        await client.advertise("class = 'x'")
+        used, other = (first, second) if client.broker_id == first.id else (second, first)
+        await asyncio.to_thread(used.stop)
+        async with asyncio.timeout(10):
+            while client.broker_id != other.id:  # noqa: ASYNC110 - polls the client
+                await asyncio.sleep(0.02)
+            await client.connected()
+        await client.publish({"class": "x", "n": 2})
+        assert (await sub.get(timeout=5)).attrs == {"class": "x", "n": 2}
 
 
 async def test_client_is_reusable_but_not_reentrant(broker: BrokerProcess) -> None:
@@ -225,6 +287,7 @@ class GatedProxy:
         self.from_client: list[bytes] = []
         self.client_data = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()
+        self.writers: list[asyncio.StreamWriter] = []
         self.server: asyncio.Server | None = None
 
     async def start(self) -> str:
@@ -242,6 +305,7 @@ class GatedProxy:
 
     async def _serve(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
         breader, bwriter = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self.writers += [cwriter, bwriter]
 
         async def upstream() -> None:
             while data := await creader.read(65536):
@@ -270,6 +334,8 @@ class GatedProxy:
     async def close(self) -> None:
         for task in list(self.tasks):
             task.cancel()
+        for writer in self.writers:
+            writer.close()
         if self.server is not None:
             self.server.close()
             await self.server.wait_closed()
@@ -283,7 +349,7 @@ async def test_an_advertisement_made_while_a_replica_link_restores_reaches_that_
     # advertising; its restore re-sent the advertisements it had snapshotted, the new one
     # went only to the links already up, and the replica then refused every publication
     # under it ("advertise first").
-    brokers = [run_broker(f"r{i}") for i in range(3)]
+    brokers = [run_broker(f"r{i}", vn="v", replica=i, vn_size=3) for i in range(3)]
     proxy = GatedProxy(brokers[2].port)
     late = await proxy.start()
     publisher = Client([brokers[0].endpoint, brokers[1].endpoint, late], client_id="pub")

@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from broker.client import Client, Subscription
-from broker.errors import FilterSyntaxError, InvalidRequest, PayloadTooLarge
+from broker.errors import FilterError, FilterSyntaxError, InvalidRequest, PayloadTooLarge
+from broker.language.filters import Filter, Predicate
 from broker.tools.launcher import BrokerProcess
 from broker.wire.protocol import PROTOCOL_VERSION, Error, MsgType
 from tests.wire import RawPeer
@@ -140,6 +141,33 @@ async def test_invalid_filter_on_the_wire_names_the_predicate(
     await peer.send(MsgType.SUBSCRIBE, 1, "s1", [["price", "between", 5]])
     msg = await expect_error_and_close(peer, "invalid_filter", "SUBSCRIBE field 'filter'")
     assert "between" in msg.message
+    await witness.check_still_served()
+
+
+async def test_an_unsatisfiable_filter_on_the_wire_is_refused_and_says_why(
+    broker: BrokerProcess, witness: Witness
+) -> None:
+    peer = await RawPeer.connect(broker.endpoint)
+    await peer.hello()
+    await peer.send(MsgType.ADVERTISE, 1, "a1", [["price", "gt", "abc"], ["price", "lt", 5]])
+    msg = await expect_error_and_close(peer, "invalid_filter", "ADVERTISE field 'filter'")
+    assert "unsatisfiable" in msg.message
+    assert "price < 5 needs a number, price > 'abc' needs a string" in msg.message
+    await witness.check_still_served()
+
+
+async def test_sdk_refuses_an_unsatisfiable_filter_before_sending(
+    broker: BrokerProcess, witness: Witness
+) -> None:
+    async with Client(broker.endpoint) as c:
+        with pytest.raises(FilterError, match="unsatisfiable"):
+            c.subscribe("price > 'abc' and price < 5")
+        built = Filter((Predicate("x", "gt", 5), Predicate("x", "lt", 3)))
+        with pytest.raises(FilterError, match=r"no value of x satisfies all of: x < 3, x > 5"):
+            await c.advertise(built)
+        with pytest.raises(FilterError, match="unsatisfiable"):
+            c.subscribe(built)
+        await c.flush()  # nothing was sent: the connection is fine
     await witness.check_still_served()
 
 

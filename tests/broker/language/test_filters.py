@@ -218,7 +218,16 @@ def test_parse_limits_predicates_and_string_lengths() -> None:
 @given(filters)
 @settings(max_examples=200)
 def test_text_form_round_trips(flt: Filter) -> None:
-    assert parse_filter(str(flt)) == flt
+    if flt.is_satisfiable():
+        assert parse_filter(str(flt)) == flt
+    else:
+        with pytest.raises(FilterError, match="unsatisfiable filter, it can never match"):
+            parse_filter(str(flt))
+
+
+def unchecked(text: str) -> Filter:
+    """The conjunction ``text`` even when it is unsatisfiable (which parse_filter refuses)."""
+    return Filter(tuple(p for part in text.split(" and ") for p in parse_filter(part).predicates))
 
 
 @given(st.text(max_size=20), st.text(min_size=1, max_size=10))
@@ -411,7 +420,81 @@ def test_matching_follows_the_typed_semantics(
     ],
 )
 def test_is_satisfiable(text: str, expected: bool) -> None:
-    assert parse_filter(text).is_satisfiable() is expected
+    flt = unchecked(text)
+    assert flt.is_satisfiable() is expected
+    if expected:
+        assert parse_filter(text) == flt
+        assert Filter.from_wire(flt.to_wire()) == flt
+    else:  # refused as text and on the wire alike
+        with pytest.raises(FilterError, match="unsatisfiable"):
+            parse_filter(text)
+        with pytest.raises(FilterError, match="unsatisfiable"):
+            Filter.from_wire(flt.to_wire())
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        (
+            "price > 'abc' and price < 5",
+            "price < 5 needs a number, price > 'abc' needs a string; no value of price is both",
+        ),
+        (
+            "x = true and x in (1, 'a')",
+            "x = true needs a boolean, x in (1, 'a') needs a string or a number",
+        ),
+        ("x > 5 and x < 3", "no value of x satisfies all of: x < 3, x > 5"),
+        ("a = 1 and x >= 5 and x <= 5 and x != 5", "all of: x != 5, x <= 5, x >= 5"),
+        ("x < ''", "no value of x satisfies all of: x < ''"),
+    ],
+)
+def test_an_unsatisfiable_filter_is_refused_saying_why(text: str, reason: str) -> None:
+    with pytest.raises(FilterError) as info:
+        parse_filter(text)
+    assert not isinstance(info.value, FilterSyntaxError)
+    assert str(info.value).startswith("unsatisfiable filter, it can never match: ")
+    assert reason in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "x != 5",
+        "x != 'a'",
+        "x exists",
+        "x exists and x != 3",
+        "x != 5 and x != 6",
+        "x >= 5 and x <= 5",
+        "x = 1 and x = 1.0",
+        "x in (1, 'a') and x prefix 'a'",
+        "x in (true, 2) and x exists",
+        "price > 10 and price <= 20 and class = 'stock'",
+        "*",
+    ],
+)
+def test_legitimate_filters_are_not_refused(text: str) -> None:
+    flt = parse_filter(text)
+    assert Filter.from_wire(flt.to_wire()) == flt
+
+
+@given(filters)
+@settings(max_examples=200)
+def test_the_wire_refuses_exactly_the_unsatisfiable_filters(flt: Filter) -> None:
+    if flt.is_satisfiable():
+        assert Filter.from_wire(flt.to_wire()) == flt
+    else:
+        with pytest.raises(FilterError, match="unsatisfiable"):
+            Filter.from_wire(flt.to_wire())
+
+
+@given(filters, publications)
+@settings(max_examples=200)
+def test_a_filter_some_publication_matches_is_never_refused(
+    flt: Filter, pub: dict[str, Value]
+) -> None:
+    if flt.matches(pub):
+        assert flt.unsatisfiable_reason() is None
+        assert parse_filter(str(flt)) == flt
 
 
 @pytest.mark.parametrize(
@@ -437,8 +520,8 @@ def test_is_satisfiable(text: str, expected: bool) -> None:
     ],
 )
 def test_intersects_is_exact_on_common_cases(a: str, b: str, expected: bool) -> None:
-    assert parse_filter(a).intersects(parse_filter(b)) is expected
-    assert parse_filter(b).intersects(parse_filter(a)) is expected
+    assert unchecked(a).intersects(unchecked(b)) is expected
+    assert unchecked(b).intersects(unchecked(a)) is expected
 
 
 @pytest.mark.parametrize(
@@ -480,7 +563,7 @@ def test_intersects_is_exact_on_common_cases(a: str, b: str, expected: bool) -> 
     ],
 )
 def test_covers_is_exact_on_common_cases(a: str, b: str, expected: bool) -> None:
-    assert parse_filter(a).covers(parse_filter(b)) is expected
+    assert unchecked(a).covers(unchecked(b)) is expected
 
 
 def _pool(size: int) -> list[dict[str, Value]]:
