@@ -78,6 +78,9 @@ Actions = list[tuple[Hop, Message]]
 
 # Heartbeats are not counted as control traffic (tests wait for control traffic to settle).
 _HEARTBEATS = (Ping, Pong)
+# A neighbour that cannot be dialled: warn once it fails for this long, then this often.
+_LINK_WARN_AFTER = 2.0
+_LINK_WARN_EVERY = 30.0
 _REMOVALS = {"adv": ("UNADVERTISE", "advertisement"), "sub": ("UNSUBSCRIBE", "subscription")}
 
 
@@ -504,12 +507,15 @@ class Broker:
         return len(self.clients), len(self.links)
 
     def health(self) -> dict[str, object]:
-        """The broker's state at a glance (``/healthz``)."""
+        """The broker's state at a glance (``/healthz``): ``degraded`` while a link to a
+        current neighbour is down, naming it in ``missing_links``."""
+        missing = sorted(peer for peer in self.neighbours if peer not in self.links)
         return {
-            "status": "ok",
+            "status": "degraded" if missing else "ok",
             "id": self.config.id,
             "clients": len(self.clients),
             "links": sorted(self.links),
+            "missing_links": missing,
             "srt": self.router.srt_size,
             "prt": self.router.prt_size,
             "control_in": sum(self.stats.messages_in.values()),
@@ -787,6 +793,8 @@ class Broker:
         host, _, port = neighbour.endpoint.rpartition(":")
         loop = asyncio.get_running_loop()
         attempt = 0
+        failing_since: float | None = None
+        warned_at: float | None = None
         while True:
             try:
                 async with asyncio.timeout(self.config.hello_timeout):
@@ -797,10 +805,35 @@ class Broker:
                 self.flush()
                 async with asyncio.timeout(self.config.hello_timeout):
                     await asyncio.shield(conn.handshake)
+                if warned_at is not None:
+                    link_log.info(
+                        "link %s-%s up after %d failed attempts",
+                        self.config.id,
+                        neighbour.id,
+                        attempt,
+                    )
                 attempt = 0
+                failing_since = warned_at = None
                 await conn.closed
             except (OSError, TrellisError, TimeoutError) as exc:
                 link_log.debug("link %s-%s: %s", self.config.id, neighbour.id, exc)
+                # Warn once the failure outlasts a start-up race, then at most every
+                # _LINK_WARN_EVERY seconds: not at every backoff attempt.
+                now = loop.time()
+                failing_since = now if failing_since is None else failing_since
+                if now - failing_since >= _LINK_WARN_AFTER and (
+                    warned_at is None or now - warned_at >= _LINK_WARN_EVERY
+                ):
+                    warned_at = now
+                    link_log.warning(
+                        "cannot link %s-%s at %s for %.0f s (%d attempts): %s",
+                        self.config.id,
+                        neighbour.id,
+                        neighbour.endpoint,
+                        now - failing_since,
+                        attempt + 1,
+                        str(exc) or type(exc).__name__,
+                    )
             attempt += 1
             cap = min(self.config.link_backoff_max, 0.05 * 2**attempt)
             await asyncio.sleep(random.uniform(cap / 2, cap))

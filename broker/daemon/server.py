@@ -73,9 +73,17 @@ class Server:
             admin = await start_admin(self.broker, self.config.host, self.config.admin_port)
             self.admin_port = admin.sockets[0].getsockname()[1]
         log.info("broker %s listening on %s:%d", self.config.id, self.config.host, self.port)
-        if self.config.vn_size < 3:
+        if self.config.vn_size == 1:
+            # A plain broker is the common case, not an alarm: say what it means, once.
+            log.info(
+                "broker %s is a plain broker (VN %s of one replica): no Byzantine replica is "
+                "tolerated and it can read the keys of confidential publications it routes",
+                self.config.id,
+                self.broker.vn,
+            )
+        elif self.config.vn_size < 3:
             log.warning(
-                "VN %s has %d replica(s): it tolerates no Byzantine replica, and its brokers can "
+                "VN %s has %d replicas: it tolerates no Byzantine replica, and its brokers can "
                 "read the keys of confidential publications routed through it",
                 self.broker.vn,
                 self.config.vn_size,

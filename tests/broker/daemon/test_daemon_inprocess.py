@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
+import pytest
+
 from broker.client import Client
+from broker.daemon import dispatch
 from broker.daemon.config import BrokerConfig
 from broker.daemon.server import Server
 from broker.errors import ConnectionLost
+from broker.tools.local import free_ports
 
 
 @asynccontextmanager
@@ -107,3 +112,41 @@ async def test_two_in_process_brokers_link_and_route_across_the_link() -> None:
             got = await sub.get(5)
             assert got.attrs == {"class": "x", "n": 7}
             assert b1.broker.stats.forwarded == {"b2": 1}
+
+
+async def test_an_undialable_neighbour_warns_once_and_healthz_reports_it_missing(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dispatch, "_LINK_WARN_AFTER", 0.2)
+    monkeypatch.setattr(dispatch, "_LINK_WARN_EVERY", 60.0)
+    (dead,) = free_ports(1)
+    caplog.set_level(logging.INFO)
+    neighbour = {"id": "z9", "endpoint": f"127.0.0.1:{dead}"}
+    async with serving(id="a1", neighbours=[neighbour], link_backoff_max=0.05) as server:
+        await asyncio.sleep(1.0)  # some twenty attempts
+        warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert [r.getMessage().split(" at ")[0] for r in warned] == ["cannot link a1-z9"]
+        assert f"at 127.0.0.1:{dead} for" in warned[0].getMessage()
+        _, body = await http_get(server.admin_port, "/healthz")
+        health = json.loads(body)
+        assert (health["status"], health["links"], health["missing_links"]) == (
+            "degraded",
+            [],
+            ["z9"],
+        )
+
+
+async def test_a_plain_broker_says_it_tolerates_no_byzantine_replica_at_info_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    async with serving(id="plain") as server:
+        _, body = await http_get(server.admin_port, "/healthz")
+        assert json.loads(body)["status"] == "ok"
+    said = [r for r in caplog.records if "Byzantine" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.INFO]
+    caplog.clear()
+    async with serving(id="pair", vn="p", vn_size=2):
+        pass
+    said = [r for r in caplog.records if "Byzantine" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.WARNING]
