@@ -195,6 +195,7 @@ def compute(records: Any, width: float, timely: float = 1.0) -> dict[str, Any]:
         )
         .join(win, ["p", "s"])
         .withColumnRenamed("pw", "w")
+        .cache()
     )
     copy_counts = per_pub.groupBy("w", "e", "broker").agg(
         *(

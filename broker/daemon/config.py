@@ -7,13 +7,14 @@ never silently ignored (``extra="forbid"``).
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from broker.errors import TrellisError
 from broker.wire.protocol import DEFAULT_MAX_FRAME
@@ -145,6 +146,20 @@ class BrokerConfig(BaseModel):
     traffic_log: TrafficLogConfig = Field(
         default_factory=TrafficLogConfig, description="traffic logs for analytics"
     )
+
+    @field_validator("traffic_log", mode="before")
+    @classmethod
+    def _traffic_log_from_text(cls, value: Any) -> Any:
+        """``TRELLIS_TRAFFIC_LOG``: a JSON table, ``off``, or the directory itself."""
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        if text.startswith("{"):
+            return json.loads(text)
+        if text.lower() in ("off", "false", "no", "0"):
+            return {"enabled": False}
+        return {"dir": text}
+
     covering: bool = Field(True, description="suppress forwarding of covered subscriptions")
     vn: str | None = Field(None, description="this broker's virtual node (default: its id)")
     replica: int = Field(0, ge=0, description="this broker's index among its VN's replicas")

@@ -93,7 +93,7 @@ class Forwarder:
                         time.time(),
                         msg.publisher,
                         msg.seq,
-                        source,
+                        source.peer_id,
                         sender,
                         zlib.crc32(msg.payload),
                     )
@@ -103,7 +103,9 @@ class Forwarder:
             msg.publisher, msg.seq, msg.attrs, msg.payload, msg.sec, sender
         ):
             if tlog is not None:
-                tlog.append(("sig", time.time(), msg.publisher, msg.seq, source, sender, None))
+                tlog.append(
+                    ("sig", time.time(), msg.publisher, msg.seq, source.peer_id, sender, None)
+                )
             return
         self.seen.mark(msg.publisher, msg.seq)
         self.sender = sender
@@ -157,16 +159,20 @@ class Forwarder:
                 stats.deliveries += 1
         tlog = self.tlog
         if tlog is not None:
+            if dropped is None:
+                route_key = (source, self.sender, *targets)
+                hops = tlog.hops.get(route_key)
+                if hops is None:
+                    hops = tlog.hops_fragment(route_key, source, self.sender, targets, None)
+            else:
+                hops = tlog.hops_fragment(None, source, self.sender, targets, dropped)
             tlog.append(
                 (
                     "pub",
                     time.time(),
                     publisher,
                     seq,
-                    source,
-                    self.sender,
-                    targets,
-                    dropped,
+                    hops,
                     len(payload),
                     sec is not None,
                     self.digest,

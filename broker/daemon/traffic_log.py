@@ -112,6 +112,8 @@ class TrafficLog:
         self._queue: deque[Record] = deque()
         self.append: Callable[[Record], None] = self._queue.append
         self._cache: dict[str, str] = {}
+        # (source, sender, *targets) -> the hops part of a pub line; loop thread only.
+        self.hops: dict[tuple[Any, ...], str] = {}
         q = self._q
         self._ident = (
             f'"v":{self.version},"b":{q(config.id)},"vn":{q(vn_of(config))},"r":{config.replica}'
@@ -148,31 +150,54 @@ class TrafficLog:
             quoted = self._cache[s] = json.dumps(s)
         return quoted
 
+    def hops_fragment(
+        self,
+        key: tuple[Any, ...] | None,
+        source: Any,
+        sender: object,
+        targets: Iterable[Any],
+        dropped: list[Any] | None,
+    ) -> str:
+        """The hops part of a ``pub`` line (called on the loop, cached in ``hops`` by
+        ``key``: routes repeat, so the hot path formats nothing and holds no hop objects)."""
+
+        def q(text: object) -> str:
+            return "null" if text is None else json.dumps(str(text))
+
+        nxt = []
+        loc = []
+        for hop in targets:
+            if hop.is_broker:
+                nxt.append(q(hop.peer_id))
+            elif not dropped or hop not in dropped:
+                loc.append(q(hop.peer_id))
+        drop = ",".join(q(h.peer_id) for h in dropped) if dropped else ""
+        text = (
+            f'"prev":{q(source.peer_id)},"pc":{"false" if source.is_broker else "true"},'
+            f'"from":{q(sender)},"next":[{",".join(nxt)}],"loc":[{",".join(loc)}],'
+            f'"drop":[{drop}]'
+        )
+        if key is not None:
+            if len(self.hops) > 4096:
+                self.hops.clear()
+            self.hops[key] = text
+        return text
+
     def _format(self, rec: Record) -> str:
         kind = rec[0]
         q = self._q
         if kind == "pub":
-            _, t, publisher, seq, source, sender, targets, dropped, nbytes, conf, dig = rec
-            nxt = []
-            loc = []
-            for hop in targets:
-                if hop.is_broker:
-                    nxt.append(q(hop.peer_id))
-                elif not dropped or hop not in dropped:
-                    loc.append(q(hop.peer_id))
-            drop = ",".join(q(h.peer_id) for h in dropped) if dropped else ""
+            _, t, publisher, seq, hops, nbytes, conf, dig = rec
             return (
-                f'{{{self._ident},"k":"pub","t":{t:.6f},"p":{q(publisher)},"s":{seq},'
-                f'"prev":{q(source.peer_id)},"pc":{"false" if source.is_broker else "true"},'
-                f'"from":{q(sender)},"next":[{",".join(nxt)}],"loc":[{",".join(loc)}],'
-                f'"drop":[{drop}],"n":{nbytes},"conf":{"true" if conf else "false"},'
+                f'{{{self._ident},"k":"pub","t":{t:.6f},"p":{q(publisher)},"s":{seq},{hops},'
+                f'"n":{nbytes},"conf":{"true" if conf else "false"},'
                 f'"dig":{"null" if dig is None else dig}}}\n'
             )
         if kind in ("copy", "sig"):
-            _, t, publisher, seq, source, sender, dig = rec
+            _, t, publisher, seq, prev, sender, dig = rec
             return (
                 f'{{{self._ident},"k":"{kind}","t":{t:.6f},"p":{q(publisher)},"s":{seq},'
-                f'"prev":{q(source.peer_id)},"from":{q(sender)},'
+                f'"prev":{q(prev)},"from":{q(sender)},'
                 f'"dig":{"null" if dig is None else dig}}}\n'
             )
         if kind == "share":

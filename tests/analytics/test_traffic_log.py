@@ -30,21 +30,12 @@ def config(tmp_path: Path, **log: object) -> BrokerConfig:
     )
 
 
-def pub(seq: int, t: float | None = None) -> tuple[object, ...]:
+def pub(tlog: TrafficLog, seq: int, t: float | None = None) -> tuple[object, ...]:
+    source, sender = FakeHop("b0", True), "b0.1"
     targets = {FakeHop("b2", True): ["k"], FakeHop("alice", False): ["s1"]}
-    return (
-        "pub",
-        t or time.time(),
-        "pub-1",
-        seq,
-        FakeHop("b0", True),
-        "b0.1",
-        targets,
-        None,
-        10,
-        False,
-        1234,
-    )
+    route = (source, sender, *targets)
+    hops = tlog.hops.get(route) or tlog.hops_fragment(route, source, sender, targets, None)
+    return ("pub", t or time.time(), "pub-1", seq, hops, 10, False, 1234)
 
 
 def test_writer_and_job_share_one_schema() -> None:
@@ -62,8 +53,8 @@ def test_logging_is_off_without_a_directory() -> None:
 def test_records_round_trip_through_the_reader(tmp_path: Path) -> None:
     tlog = TrafficLog(config(tmp_path), tmp_path)
     for seq in range(1, 4):
-        tlog.append(pub(seq))
-    tlog.append(("copy", time.time(), "pub-1", 1, FakeHop("b0", True), "b0.2", 99))
+        tlog.append(pub(tlog, seq))
+    tlog.append(("copy", time.time(), "pub-1", 1, "b0", "b0.2", 99))
     tlog.append(("share", time.time(), "pub-1", 1, "b0.1", False, "b0.1", 'bad "split"'))
     tlog.append(("link", time.time(), "b0.1"))
     tlog.close()
@@ -81,8 +72,8 @@ def test_records_round_trip_through_the_reader(tmp_path: Path) -> None:
 
 def test_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
     tlog = TrafficLog(config(tmp_path), tmp_path)
-    tlog.append(pub(1))
-    tlog.append(pub(2))
+    tlog.append(pub(tlog, 1))
+    tlog.append(pub(tlog, 2))
     tlog.close()
     (path,) = log_files(tmp_path)
     whole = path.read_text(encoding="utf-8")
@@ -96,7 +87,7 @@ def test_files_rotate_by_size_and_old_ones_are_deleted(tmp_path: Path) -> None:
     )
     for batch in range(12):
         for seq in range(20):
-            tlog.append(pub(batch * 100 + seq))
+            tlog.append(pub(tlog, batch * 100 + seq))
         tlog.flush()
     tlog.close()
     files = log_files(tmp_path)
@@ -112,10 +103,10 @@ def test_files_rotate_by_size_and_old_ones_are_deleted(tmp_path: Path) -> None:
 
 def test_files_rotate_by_time(tmp_path: Path) -> None:
     tlog = TrafficLog(config(tmp_path, rotate_seconds=0.05), tmp_path)
-    tlog.append(pub(1))
+    tlog.append(pub(tlog, 1))
     tlog.flush()
     time.sleep(0.1)
-    tlog.append(pub(2))
+    tlog.append(pub(tlog, 2))
     tlog.flush()
     tlog.close()
     assert len(log_files(tmp_path)) == 2
@@ -123,7 +114,7 @@ def test_files_rotate_by_time(tmp_path: Path) -> None:
 
 def test_the_writer_thread_flushes_without_being_asked(tmp_path: Path) -> None:
     tlog = TrafficLog(config(tmp_path, flush_interval=0.05), tmp_path)
-    tlog.append(pub(1))
+    tlog.append(pub(tlog, 1))
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and not any(r["k"] == "pub" for r in read_records(tmp_path)):
         time.sleep(0.02)
