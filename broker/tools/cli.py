@@ -816,7 +816,7 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
 
 
 # Commands that start processes: SIGTERM and SIGHUP interrupt them like Ctrl-C does.
-STARTS_PROCESSES = ("up", "demo")
+STARTS_PROCESSES = ("up", "demo", "analytics")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -131,7 +131,7 @@ async def _traffic(overlay: LocalOverlay, names: list[str], count: int, rng: ran
         print(f"{name:<11} {names[at]:<3} {len(want):>8} {len(got):>8}  {text}{mark}")
     orders_seen = list(received["big-orders"])
     if orders_seen:
-        print(f"  e.g. big-orders decrypted: {orders_seen[0].payload.decode()!r}")
+        print(f'  e.g. big-orders decrypted: "{orders_seen[0].payload.decode()}"')
     # "shares in/split": the slash of every row under the header's
     row = "{:<18} {:>3} {:>4}  {:<24} {:>9}/{:<5}  {}"
     print(
