@@ -108,9 +108,12 @@ def test_broker_refuses_a_config_with_a_typo(tmp_path: Path) -> None:
 
 def test_up_topology_down_manage_a_local_overlay(tmp_path: Path) -> None:
     workdir = tmp_path / "ov"
-    out = trellis("up", "--brokers", "3", "--topology", "star", "--dir", str(workdir))
+    out = trellis(
+        "up", "--brokers", "3", "--topology", "star", "--log-level", "debug", "--dir", str(workdir)
+    )
     assert out.returncode == 0, out.stderr
     try:
+        assert 'log_level = "debug"' in (workdir / "b1.toml").read_text()
         info = json.loads((workdir / "overlay.json").read_text())
         assert [b["id"] for b in info["brokers"]] == ["b0", "b1", "b2"]
         assert info["links"] == [["b0", "b1"], ["b0", "b2"]]
