@@ -71,8 +71,14 @@ from broker.wire.protocol import (
 from overlay.manifest import Manifest
 from security.envelope import Signer
 from security.paths import KeyAssembly
-from security.propagation import PropagationError, pack_record, unpack_record
-from security.publication import EpochKey, SecBlock
+from security.propagation import (
+    ChainVerifier,
+    PropagationError,
+    pack_record,
+    reconstruct,
+    unpack_record,
+)
+from security.publication import EpochKey, SecBlock, publication_id
 
 __all__ = ["Client", "Delivery", "Status", "Subscription", "parse_endpoint"]
 
@@ -462,6 +468,8 @@ class Client:
         self.vn: str | None = None
         self.vn_size = replicas
         self._assemblies: OrderedDict[tuple[str, int], KeyAssembly] = OrderedDict()
+        # (publisher, epoch, path) -> shares checked after the key was recovered
+        self._late_audits: dict[tuple[str, int, tuple[str, ...]], int] = {}
         if key_refresh < 1:
             raise InvalidRequest("key_refresh must be at least 1 message")
         self.key_refresh = key_refresh
@@ -969,6 +977,9 @@ class Client:
                 log.warning("restoring state at %s:%d failed: %s", host, port, exc)
                 link.close()
                 continue
+            except BaseException:
+                link.close()  # cancelled (close() or connect() gave up): no socket left open
+                raise
             if link.lost.done():
                 continue
             self._links[index] = link
@@ -1031,8 +1042,42 @@ class Client:
 
     def share_culprits(self) -> set[str]:
         """Brokers proven to have sent bad key shares to this client (robust reconstruction
-        attributes every bad share it sees)."""
-        return {c for assembly in self._assemblies.values() for c in assembly.culprits}
+        attributes every bad share it sees).
+
+        Shares that arrived after an epoch's key was recovered are checked here: an
+        assembly audits them itself only once every expected share is in, which never
+        happens when an upstream replica's shares were rejected on the way (a corrupting
+        replica), and an equivocation shows only when both versions are looked at together.
+        """
+        for (publisher, seq), assembly in self._assemblies.items():
+            if assembly.key is None:
+                continue  # still reconstructing: every new share is looked at anyway
+            for claim, path in assembly.paths.items():
+                mark = (publisher, seq, claim)
+                if path.audited or self._late_audits.get(mark) == len(path.shares):
+                    continue
+                self._late_audits[mark] = len(path.shares)
+                path.verifier = path.verifier or ChainVerifier(path.view)
+                try:
+                    result = reconstruct(
+                        path.shares,
+                        path.view,
+                        publication_id(publisher, seq),
+                        verifier=path.verifier,
+                    )
+                except PropagationError:
+                    continue
+                if result.culprits - assembly.culprits:
+                    assembly.culprits = assembly.culprits | result.culprits
+                    log.warning(
+                        "publication %s/%d: bad shares from %s (seen after its key)",
+                        publisher,
+                        seq,
+                        ", ".join(sorted(result.culprits)),
+                    )
+        assemblies = self._assemblies
+        self._late_audits = {m: n for m, n in self._late_audits.items() if m[:2] in assemblies}
+        return {c for assembly in assemblies.values() for c in assembly.culprits}
 
     def key_shares(self, publisher: str, epoch: int) -> int:
         """How many shares of a key epoch (named by its first seq) this client received."""

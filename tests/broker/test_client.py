@@ -16,8 +16,9 @@ import pytest
 from broker.client import Client, Status
 from broker.errors import ConnectionLost, InvalidRequest, TrellisError, TrellisTimeout
 from broker.tools.launcher import BrokerProcess
-from broker.tools.local import free_ports
+from broker.tools.local import LocalOverlay, free_ports
 from broker.wire.protocol import Deliver, MsgType, Notice
+from overlay.tree import broker_names, line_tree
 from tests.wire import RawPeer
 
 
@@ -387,3 +388,35 @@ async def test_a_refused_publication_without_ack_is_reported_as_refused_and_the_
     refusals = [r.getMessage() for r in caplog.records if r.name == "trellis.client"]
     assert any("refused" in m and "advertise first" in m for m in refusals), refusals
     assert not any("closed the connection" in m for m in refusals)
+
+
+@pytest.mark.slow
+async def test_an_equivocator_behind_a_corrupting_vn_is_still_attributed(
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    # The demo's case: b1.2 corrupts, so the next VN rejects its shares and the subscriber
+    # never holds every share of an epoch; b2.0's two versions must still be found.
+    names = broker_names(4)
+    overlay = run_overlay(
+        line_tree(names),
+        replicas=dict.fromkeys(names, 3),
+        overrides={"b1.2": {"byzantine": "corrupt"}, "b2.0": {"byzantine": "equivocate"}},
+        heartbeat_interval=1.0,
+    )
+    async with (
+        Client(overlay.endpoints("b0"), client_id="pub", key_refresh=5) as pub,
+        Client(overlay.endpoints("b3"), client_id="sub", manifest=overlay.manifest) as sc,
+        sc.subscribe("class = 'secret'") as sub,
+    ):
+        await pub.advertise("class = 'secret'")
+        await asyncio.to_thread(overlay.wait_quiet)
+        for i in range(10):
+            await pub.publish({"class": "secret", "i": i}, b"x", confidential=True)
+        for _ in range(10):
+            assert (await sub.get(timeout=10)).payload == b"x"
+        # Bounded wait for the shares that trail the deliveries: the count stops growing.
+        counts: tuple[int, ...] = ()
+        async with asyncio.timeout(20):
+            while counts != (counts := (sc.key_shares("pub", 1), sc.key_shares("pub", 6))):  # noqa: ASYNC110
+                await asyncio.sleep(0.5)
+        assert sc.share_culprits() == {"b2.0"}
