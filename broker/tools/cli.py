@@ -834,6 +834,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (TrellisError, ValueError) as exc:
         print(f"trellis {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a path given on the command line (2), or the system refused (1)
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"trellis {args.command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 2 if exc.filename else 1
     except KeyboardInterrupt:
         return 128 + (_interrupted_by[0] if _interrupted_by else signal.SIGINT)
 

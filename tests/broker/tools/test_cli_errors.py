@@ -208,3 +208,11 @@ def test_every_option_has_help_that_names_its_default() -> None:
             assert action.help, f"trellis {name} {action.option_strings}: no help"
             if action.default not in (None, False, [], argparse.SUPPRESS):
                 assert "default" in action.help, f"trellis {name} {action.dest}: no default"
+
+
+def test_up_into_a_path_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    taken = tmp_path / "file"
+    taken.write_text("")
+    out = trellis("up", "--vns", "1", "--dir", str(taken))
+    assert out.returncode == 2
+    assert f"File exists: {taken}" in error_line(out, "up")
