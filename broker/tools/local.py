@@ -452,18 +452,16 @@ def _processes(info: Mapping[str, Any]) -> list[tuple[str, int]]:
 def is_broker_process(pid: int, broker_id: str) -> bool:
     """Whether ``pid`` is alive and runs ``trellis broker`` with ``broker_id``'s config (a
     pid in an old overlay.json may since belong to an unrelated process)."""
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc: trust the pid
+    if not Path("/proc/self/cmdline").exists():  # no /proc: trust a live pid of ours
         try:
             os.kill(pid, 0)
-        except ProcessLookupError:
+        except OSError:
             return False
-        except PermissionError:
-            return True
         return True
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
     args = raw.decode(errors="replace").split("\0")
     config = f"{broker_id}.toml"
     return "broker" in args and any(a == config or a.endswith("/" + config) for a in args)

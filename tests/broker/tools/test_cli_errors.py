@@ -216,3 +216,11 @@ def test_up_into_a_path_that_is_a_file_is_one_line(tmp_path: Path) -> None:
     out = trellis("up", "--vns", "1", "--dir", str(taken))
     assert out.returncode == 2
     assert f"File exists: {taken}" in error_line(out, "up")
+
+
+def test_a_pid_of_another_program_is_not_taken_for_a_broker(broker: BrokerProcess) -> None:
+    import os
+
+    assert is_broker_process(broker.pid, "b1")
+    assert not is_broker_process(broker.pid, "b2")
+    assert not is_broker_process(os.getpid(), "b1")
