@@ -75,7 +75,6 @@ def load(spark: Any, logs: str | Path) -> Any:
 
 def compute(records: Any, width: float, timely: float = 1.0) -> dict[str, Any]:
     """Every output table as a DataFrame (same semantics as :func:`analytics.reference.compute`)."""
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     col, lit = F.col, F.lit
@@ -145,53 +144,61 @@ def compute(records: Any, width: float, timely: float = 1.0) -> dict[str, Any]:
         .agg(F.sum(F.size("drop")).alias("dropped_deliveries"))
     )
 
-    # What each evaluator saw of each publication it routed from a neighbour VN.
-    routed = pubs.where(~col("pc")).select(
-        col("b").alias("e"), "p", "s", col("prev").alias("prev_vn")
+    # What each evaluator saw of each publication it routed from a neighbour VN: one group
+    # per (evaluator, publication) holding its copies, then one row per replica it expected
+    # a copy from (the replicas of the previous VN), computed inside the group.
+    evidence = recs.where(((col("k") == "pub") & ~col("pc")) | col("k").isin("copy", "sig")).select(
+        col("b").alias("e"), "p", "s", "k", col("from").alias("broker"), "dig", "t", "prev"
     )
-    copies = recs.where(((col("k") == "pub") & ~col("pc")) | (col("k") == "copy")).select(
-        col("b").alias("e"), "p", "s", col("from").alias("broker"), "dig", "t"
-    )
-    first = copies.groupBy("e", "p", "s").agg(F.min("t").alias("first_t"))
-    by_digest = copies.groupBy("e", "p", "s", "dig").agg(F.count(lit(1)).alias("c"))
-    rank = Window.partitionBy("e", "p", "s").orderBy(col("c").desc(), col("dig").asc())
-    majority = (
-        by_digest.withColumn("rk", F.row_number().over(rank))
-        .where(col("rk") == 1)
-        .select("e", "p", "s", col("dig").alias("maj"))
-    )
-    mine = (
-        copies.join(majority, ["e", "p", "s"])
-        .join(first, ["e", "p", "s"])
-        .groupBy("e", "p", "s", "broker")
+    seen = (
+        evidence.groupBy("e", "p", "s")
         .agg(
-            F.max((col("dig") != col("maj")).cast("int")).alias("conflicting"),
-            F.min(col("t") - col("first_t")).alias("delay"),
+            F.max(F.when(col("k") == "pub", col("prev"))).alias("prev_vn"),
+            F.collect_list(F.when(col("k") != "sig", F.struct("broker", "dig", "t"))).alias("cs"),
+            F.collect_set(F.when(col("k") == "sig", col("broker"))).alias("sigs"),
+        )
+        .where(col("prev_vn").isNotNull())
+    )
+    digests = F.array_distinct(F.transform("cs", lambda x: x["dig"]))
+    # The majority digest: most copies, then the smallest digest.
+    best = F.array_max(
+        F.transform(
+            digests,
+            lambda d: F.struct(
+                F.size(F.filter("cs", lambda x: x["dig"] == d)).alias("c"), (-d).alias("nd")
+            ),
         )
     )
-    badsig = (
-        recs.where(col("k") == "sig")
-        .select(col("b").alias("e"), "p", "s", col("from").alias("broker"))
-        .distinct()
-        .withColumn("sig", lit(1))
+    seen = seen.select(
+        "e",
+        "p",
+        "s",
+        "prev_vn",
+        "cs",
+        "sigs",
+        (-best["nd"]).alias("maj"),
+        F.array_min(F.transform("cs", lambda x: x["t"])).alias("first_t"),
     )
-    expected = routed.join(members, routed.prev_vn == members.broker_vn).drop(
-        "prev_vn", "broker_vn"
+    by_vn = members.groupBy("broker_vn").agg(F.collect_set("broker").alias("mem"))
+    expected = seen.join(F.broadcast(by_vn), seen.prev_vn == by_vn.broker_vn).select(
+        "e", "p", "s", "cs", "sigs", "maj", "first_t", F.explode("mem").alias("broker")
     )
+    mine = F.filter("cs", lambda x: x["broker"] == col("broker"))
+    has = F.size(mine) > 0
+    sig = F.array_contains("sigs", col("broker"))
+    delay = F.array_min(F.transform(mine, lambda x: x["t"])) - col("first_t")
     per_pub = (
-        expected.join(mine, ["e", "p", "s", "broker"], "left")
-        .join(badsig, ["e", "p", "s", "broker"], "left")
-        .select(
+        expected.select(
             "e",
             "p",
             "s",
             "broker",
             F.lit(1).alias("expected"),
-            (col("delay").isNotNull() | col("sig").isNotNull()).cast("int").alias("received"),
-            (col("delay").isNull() & col("sig").isNull()).cast("int").alias("missing"),
-            F.coalesce(col("conflicting"), lit(0)).alias("conflicting"),
-            F.coalesce(col("sig"), lit(0)).alias("bad_signatures"),
-            (col("delay").isNotNull() & (col("delay") <= lit(timely))).cast("int").alias("timely"),
+            (has | sig).cast("int").alias("received"),
+            (~has & ~sig).cast("int").alias("missing"),
+            F.exists(mine, lambda x: x["dig"] != col("maj")).cast("int").alias("conflicting"),
+            sig.cast("int").alias("bad_signatures"),
+            (has & (delay <= lit(timely))).cast("int").alias("timely"),
         )
         .join(win, ["p", "s"])
         .withColumnRenamed("pw", "w")
@@ -395,7 +402,13 @@ def run(
     say = progress or (lambda _msg: None)
     started = time.monotonic()
     out_dir = Path(out)
-    records = load(spark, logs).persist(StorageLevel.MEMORY_AND_DISK)
+    # One shuffle up front: every record of a publication in one partition. Every later
+    # grouping and join is keyed by (publication, ...) and reuses this partitioning; only
+    # the small per-window aggregates move again.
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    records = (
+        load(spark, logs).repartition(partitions, "p", "s").persist(StorageLevel.MEMORY_AND_DISK)
+    )
     say("reading logs")
     count = records.count()
     say(f"{count} records read ({time.monotonic() - started:.1f} s)")

@@ -1,0 +1,232 @@
+"""The analytics job end to end (JVM start included) beside pandas and polars (SPEC §10).
+
+For each size, generated traffic logs (:mod:`analytics.generate`: 4 VNs × 3 replicas, one
+dropping and one corrupting replica, late copies) are written once, then in the same run:
+
+* ``spark``: ``python -m analytics.job --master local[N]`` as a fresh process, timed from
+  spawn to exit: JVM start, JSON parsing and all six tables written as Parquet;
+* ``pandas`` and ``polars``: the same logs read in one process and the two group-by tables
+  that need no join across brokers' records beyond the publication's own (global traffic
+  classes and per-broker local views), written as Parquet. They do less than the job (no
+  failure or trust tables), so the ratio flatters them.
+
+Goals: 10M records < 60 s on 2 cores for the job, linear growth. Usage::
+
+    .venv/bin/python bench/bench_analytics.py --sizes 1e6,1e7 [--cores 2] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from analytics.generate import generate  # noqa: E402
+from analytics.schema import field_types, log_files  # noqa: E402
+
+RECORDS_PER_PUBLICATION = 19.0  # what generate() writes on average with its defaults
+WINDOW = 60.0
+
+
+def make_logs(root: Path, records: int) -> int:
+    return generate(root, int(records / RECORDS_PER_PUBLICATION), torn=False, rate=2000.0)
+
+
+def run_spark(logs: Path, out: Path, cores: int) -> dict[str, Any]:
+    started = time.monotonic()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "analytics.job",
+            "--logs",
+            str(logs),
+            "--out",
+            str(out),
+            "--window",
+            f"{WINDOW:g}s",
+            "--master",
+            f"local[{cores}]",
+            "--json",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+    seconds = time.monotonic() - started
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-2000:])
+    summary = json.loads(done.stdout)
+    return {"seconds": seconds, "job_seconds": summary["seconds"], "records": summary["records"]}
+
+
+def run_pandas(logs: Path, out: Path) -> float:
+    import pandas as pd
+
+    started = time.monotonic()
+    frames = [pd.read_json(p, lines=True) for p in log_files(logs)]
+    df = pd.concat(frames, ignore_index=True)
+    pubs = df[df["k"] == "pub"]
+    has_local = pubs["loc"].map(len) + pubs["drop"].map(len) > 0
+    t0 = pubs.groupby(["p", "s"])["t"].min().rename("t0")
+    src = pubs[pubs["pc"] == True].groupby(["p", "s"])["vn"].min().rename("src")  # noqa: E712
+    dsts = (
+        pubs[has_local].groupby(["p", "s"])["vn"].agg(lambda v: ",".join(sorted(set(v))))
+    ).rename("dsts")
+    info = pd.concat([t0, src, dsts], axis=1).dropna()
+    info["w"] = (info["t0"] // WINDOW) * WINDOW
+    classes = info.groupby(["w", "src", "dsts"]).size().rename("demand").reset_index()
+    members = [
+        ",".join(sorted({prev, *n, *lo, *dr}))
+        for prev, n, lo, dr in zip(
+            pubs["prev"], pubs["next"], pubs["loc"], pubs["drop"], strict=True
+        )
+    ]
+    views = (
+        pubs.assign(members=members, w=(pubs["t"] // WINDOW) * WINDOW)
+        .groupby(["w", "b", "members"])
+        .size()
+        .rename("demand")
+        .reset_index()
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    classes.to_parquet(out / "classes.parquet")
+    views.to_parquet(out / "local_views.parquet")
+    return time.monotonic() - started
+
+
+def run_polars(logs: Path, out: Path) -> float:
+    import polars as pl
+
+    simple = {
+        "int": pl.Int64,
+        "long": pl.Int64,
+        "double": pl.Float64,
+        "string": pl.String,
+        "boolean": pl.Boolean,
+        "array<string>": pl.List(pl.String),
+    }
+    nb = pl.List(pl.Struct({"id": pl.String, "vn": pl.String, "r": pl.Int64}))
+    schema = {name: simple.get(kind, nb) for name, kind in field_types().items()}
+    started = time.monotonic()
+    df = pl.concat([pl.read_ndjson(p, schema=schema) for p in log_files(logs)])
+    pubs = df.filter(pl.col("k") == "pub")
+    info = pubs.group_by("p", "s").agg(
+        pl.col("t").min().alias("t0"),
+        pl.col("vn").filter(pl.col("pc")).min().alias("src"),
+        pl.col("vn")
+        .filter((pl.col("loc").list.len() + pl.col("drop").list.len()) > 0)
+        .unique()
+        .sort()
+        .alias("dsts"),
+    )
+    classes = (
+        info.filter(pl.col("src").is_not_null() & (pl.col("dsts").list.len() > 0))
+        .with_columns(((pl.col("t0") / WINDOW).floor() * WINDOW).alias("w"))
+        .group_by("w", "src", "dsts")
+        .len()
+    )
+    views = (
+        pubs.with_columns(
+            pl.concat_list(pl.col("prev"), "next", "loc", "drop")
+            .list.unique()
+            .list.sort()
+            .alias("members"),
+            ((pl.col("t") / WINDOW).floor() * WINDOW).alias("w"),
+        )
+        .filter(pl.col("members").list.len() > 1)
+        .group_by("w", "b", "members")
+        .len()
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    classes.write_parquet(out / "classes.parquet")
+    views.write_parquet(out / "local_views.parquet")
+    return time.monotonic() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1e6,1e7", help="records per run, comma-separated")
+    parser.add_argument("--cores", type=int, default=2, help="Spark local[N]")
+    parser.add_argument("--peers", default="pandas,polars", help="peers to run ('' for none)")
+    parser.add_argument("--keep", help="keep generated logs here (reused when present)")
+    args = parser.parse_args()
+    base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-analytics-"))
+    peers = [p for p in args.peers.split(",") if p]
+    rows = []
+    try:
+        for size in (int(float(s)) for s in args.sizes.split(",")):
+            logs, out = base / f"logs-{size}", base / f"out-{size}"
+            if not logs.exists():
+                started = time.monotonic()
+                made = make_logs(logs, size)
+                print(
+                    f"generated {made:,} records in {time.monotonic() - started:.1f} s", flush=True
+                )
+            mib = sum(p.stat().st_size for p in log_files(logs)) / 2**20
+            spark = run_spark(logs, out / "spark", args.cores)
+            row = {
+                "records": spark["records"],
+                "mib": mib,
+                "spark": spark["seconds"],
+                "spark_in_job": spark["job_seconds"],
+            }
+            print(
+                f"{spark['records']:,} records ({mib:,.0f} MiB): spark {spark['seconds']:.1f} s "
+                f"(job {spark['job_seconds']:.1f} s)",
+                flush=True,
+            )
+            if "pandas" in peers:
+                row["pandas"] = run_pandas(logs, out / "pandas")
+                print(f"  pandas {row['pandas']:.1f} s", flush=True)
+            if "polars" in peers:
+                row["polars"] = run_polars(logs, out / "polars")
+                print(f"  polars {row['polars']:.1f} s", flush=True)
+            rows.append(row)
+            shutil.rmtree(out, ignore_errors=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(base, ignore_errors=True)
+    print()
+    print(
+        f"{datetime.now(UTC):%Y-%m-%d}, {platform.machine()}, {os.cpu_count()} cores, "
+        f"Spark local[{args.cores}]"
+    )
+    print(
+        "| records | MiB | Spark end to end (s) | µs/record | pandas (s) | polars (s) "
+        "| Spark/pandas | Spark/polars |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        spark_s = r["spark"]
+        pd_s, pl_s = r.get("pandas"), r.get("polars")
+        cells = [
+            f"{r['records']:,}",
+            f"{r['mib']:,.0f}",
+            f"{spark_s:.1f}",
+            f"{spark_s / r['records'] * 1e6:.2f}",
+            "—" if pd_s is None else f"{pd_s:.1f}",
+            "—" if pl_s is None else f"{pl_s:.1f}",
+            "—" if pd_s is None else f"{spark_s / pd_s:.1f}×",
+            "—" if pl_s is None else f"{spark_s / pl_s:.1f}×",
+        ]
+        print("| " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
