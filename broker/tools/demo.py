@@ -60,6 +60,26 @@ async def _collect(sub: Subscription, expected: int, deadline: float) -> list[De
     return got
 
 
+async def _await_trailing_shares(
+    clients: list[Client], received: dict[str, list[Delivery]], limit: float = 10.0
+) -> None:
+    """Wait (bounded) until no more key shares arrive: bad shares are attributed once the
+    shares that trail the deliveries are in."""
+    epochs = {(d.publisher, d.sec.epoch) for got in received.values() for d in got if d.sec}
+
+    def count() -> int:
+        return sum(c.key_shares(p, e) for c in clients for p, e in epochs)
+
+    deadline = time.monotonic() + limit
+    seen = count()
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        now = count()
+        if now == seen:
+            return
+        seen = now
+
+
 async def _traffic(overlay: LocalOverlay, names: list[str], count: int, rng: random.Random) -> int:
     quotes: list[dict[str, Value]] = [
         {"class": "stock", "symbol": rng.choice(SYMBOLS), "price": round(rng.uniform(1, 100), 2)}
@@ -69,8 +89,17 @@ async def _traffic(overlay: LocalOverlay, names: list[str], count: int, rng: ran
         {"class": "order", "symbol": rng.choice(SYMBOLS), "qty": rng.randrange(1, 1000)}
         for _ in range(count // 20)
     ]
+    # The stream in publication order, payloads included: subscribers must get exactly these
+    # bytes, in this order (a Byzantine replica altering a payload must show as a mismatch).
+    stream: list[tuple[dict[str, Value], bytes, bool]] = []
+    for i, quote in enumerate(quotes):
+        stream.append((quote, f"quote {quote['symbol']} {quote['price']}".encode(), False))
+        if i % 20 == 19:
+            order = orders[i // 20]
+            secret = f"order {order['symbol']} x{order['qty']} for account 42".encode()
+            stream.append((order, secret, True))
     expected = {
-        name: [p for p in quotes + orders if parse_filter(text).matches(p)]
+        name: [(a, p) for a, p, _ in stream if parse_filter(text).matches(a)]
         for name, (_, text) in SUBSCRIBERS.items()
     }
     manifest = overlay.manifest
@@ -92,13 +121,8 @@ async def _traffic(overlay: LocalOverlay, names: list[str], count: int, rng: ran
                 name: asyncio.create_task(_collect(sub, len(expected[name]), deadline))
                 for name, sub in subs.items()
             }
-            for i, quote in enumerate(quotes):
-                payload = f"quote {quote['symbol']} {quote['price']}".encode()
-                await pub.publish(quote, payload, ack=False)
-                if i % 20 == 19:
-                    order = orders[i // 20]
-                    secret = f"order {order['symbol']} x{order['qty']} for account 42".encode()
-                    await pub.publish(order, secret, ack=False, confidential=True)
+            for attrs, payload, confidential in stream:
+                await pub.publish(attrs, payload, ack=False, confidential=confidential)
             await pub.drain()
             received = {name: await task for name, task in collectors.items()}
             elapsed = time.perf_counter() - started
@@ -110,6 +134,7 @@ async def _traffic(overlay: LocalOverlay, names: list[str], count: int, rng: ran
                         break
             health = await asyncio.to_thread(overlay.health)
             metrics = {b: await asyncio.to_thread(overlay.metrics, b) for b in overlay.brokers}
+        await _await_trailing_shares(clients, received)
         culprits = set().union(*(c.share_culprits() for c in clients))
     finally:  # interrupted too: brokers then stop at once, not after shutdown_timeout
         for client in clients:
@@ -123,9 +148,9 @@ async def _traffic(overlay: LocalOverlay, names: list[str], count: int, rng: ran
     print(f"\n{'subscriber':<11} {'at':<3} {'expected':>8} {'received':>8}  filter")
     ok = True
     for name, (at, text) in SUBSCRIBERS.items():
-        got = [(d.attrs, d.payload.decode()) for d in received[name]]
+        got = [(d.attrs, d.payload) for d in received[name]]
         want = list(expected[name])
-        match = [a for a, _ in got] == want
+        match = got == want
         ok &= match
         mark = "" if match else "  <-- MISMATCH"
         print(f"{name:<11} {names[at]:<3} {len(want):>8} {len(got):>8}  {text}{mark}")
