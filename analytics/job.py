@@ -1,11 +1,11 @@
 """The traffic-log job (SPEC §7) on PySpark DataFrames: classes, local views, failures, trust.
 
 ``trellis analytics run --logs DIR --out DIR`` runs it in local mode; on a cluster the same
-module runs under spark-submit::
+file runs under spark-submit (the driver's Python must have the project installed)::
 
-    spark-submit --master spark://HOST:7077 -m analytics.job --logs DIR --out DIR
-    # or: spark-submit --master spark://HOST:7077 $(python -c 'import analytics.job as j;
-    #     print(j.__file__)') --logs DIR --out DIR
+    PYSPARK_PYTHON=.venv/bin/python spark-submit --master spark://HOST:7077 \
+        "$(.venv/bin/python -c 'import analytics.job as j; print(j.__file__)')" \
+        --logs DIR --out DIR
 
 Every aggregation is a DataFrame operation executed by Spark; the driver only collects the
 few rows of the summary. The semantics, table by table, are those of
