@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from analytics.reference import TABLES
+from analytics.reference import COPY_COUNTS, FEEDBACK_COUNTS, TABLES
 from analytics.schema import OUTPUT_VERSION, schema_version, spark_ddl
 
 Progress = Callable[[str], None]
@@ -206,17 +206,7 @@ def compute(records: Any, width: float, timely: float = 1.0) -> dict[str, Any]:
         .cache()
     )
     copy_counts = per_pub.groupBy("w", "e", "broker").agg(
-        *(
-            F.sum(name).alias(name)
-            for name in (
-                "expected",
-                "received",
-                "missing",
-                "conflicting",
-                "bad_signatures",
-                "timely",
-            )
-        )
+        *(F.sum(name).alias(name) for name in COPY_COUNTS)
     )
     shares = windowed(recs.where(col("k") == "share"))
     share_counts = (
@@ -231,21 +221,11 @@ def compute(records: Any, width: float, timely: float = 1.0) -> dict[str, Any]:
             "full",
         )
     )
-    counts = (
-        "expected",
-        "received",
-        "missing",
-        "conflicting",
-        "bad_signatures",
-        "timely",
-        "shares_ok",
-        "bad_shares",
-    )
     pairs = copy_counts.join(share_counts, ["w", "e", "broker"], "full").select(
         "w",
         col("e").alias("evaluator"),
         "broker",
-        *(F.coalesce(col(n), lit(0)).cast("long").alias(n) for n in counts),
+        *(F.coalesce(col(n), lit(0)).cast("long").alias(n) for n in FEEDBACK_COUNTS),
     )
     pairs = pairs.join(members, "broker", "left")
     failures = col("missing") + col("conflicting") + col("bad_signatures") + col("bad_shares")

@@ -50,6 +50,18 @@ from typing import Any
 
 Row = dict[str, Any]
 
+COPY_COUNTS: tuple[str, ...] = (
+    "expected",
+    "received",
+    "missing",
+    "conflicting",
+    "bad_signatures",
+    "timely",
+)
+"""Per (evaluator, broker): what the evaluator expected of the broker's copies and got."""
+FEEDBACK_COUNTS: tuple[str, ...] = (*COPY_COUNTS, "shares_ok", "bad_shares")
+"""Every count of a trust-feedback row (copies, then key shares)."""
+
 TABLES: dict[str, tuple[str, ...]] = {
     "classes": ("w", "src", "dsts", "demand"),
     "local_views": ("w", "broker", "members", "demand"),
@@ -58,14 +70,7 @@ TABLES: dict[str, tuple[str, ...]] = {
         "evaluator",
         "broker",
         "broker_vn",
-        "expected",
-        "received",
-        "missing",
-        "conflicting",
-        "bad_signatures",
-        "timely",
-        "shares_ok",
-        "bad_shares",
+        *FEEDBACK_COUNTS,
         "failures",
         "events",
         "failure_ratio",
@@ -215,19 +220,7 @@ def compute(
                 "evaluator": e,
                 "broker": b,
                 "broker_vn": vn_of.get(b),
-                **{
-                    name: c[name]
-                    for name in (
-                        "expected",
-                        "received",
-                        "missing",
-                        "conflicting",
-                        "bad_signatures",
-                        "timely",
-                        "shares_ok",
-                        "bad_shares",
-                    )
-                },
+                **{name: c[name] for name in FEEDBACK_COUNTS},
                 "failures": failures,
                 "events": events,
                 "failure_ratio": _ratio(failures, events),

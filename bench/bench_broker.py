@@ -56,7 +56,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol
@@ -562,14 +562,6 @@ class Result:
     @property
     def sub_us(self) -> float:
         return 1e6 * self.sub_cpu / self.deliveries if self.deliveries else float("nan")
-
-
-def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} within {timeout:g} s")
-        time.sleep(POLL)
 
 
 def measure(system: str, scenario: str, n_subs: int, count: int, scratch: Path) -> Result:

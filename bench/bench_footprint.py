@@ -61,7 +61,7 @@ REPO = BENCH_DIR.parent
 if str(BENCH_DIR) not in sys.path:
     sys.path.insert(0, str(BENCH_DIR))
 
-from peers import free_port, peer_version  # noqa: E402
+from peers import free_port, peer_version, wait_until  # noqa: E402
 
 RESULTS = BENCH_DIR / "RESULTS-footprint.md"
 
@@ -149,14 +149,6 @@ def pss_kib(pid: int, with_children: bool = True) -> int:
     """Proportional set size of ``pid`` (plus its descendants'), in KiB."""
     pids = [pid, *(children_of(pid) if with_children else [])]
     return sum(_kib(Path(f"/proc/{p}/smaps_rollup"), "Pss") for p in pids)
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} within {timeout:g} s")
-        time.sleep(POLL)
 
 
 def listening(host: str, port: int) -> bool:
@@ -361,7 +353,7 @@ def daemon_import_profile(python: str, workdir: Path) -> ImportProfile:
     cmd = [python, "-X", "importtime", "-m", "broker", "broker", "--config", str(config)]
     proc = _spawn(cmd, log)
     try:
-        wait_for(lambda: ready.exists() or proc.poll() is not None, READY_TIMEOUT, "ready")
+        wait_until(lambda: ready.exists() or proc.poll() is not None, READY_TIMEOUT, "ready", POLL)
         _check_alive(proc, log)
         time.sleep(0.2)  # anything imported right after the ready file is written
         text = log.read_text(errors="replace")  # before SIGTERM: shutdown imports don't count

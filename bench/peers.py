@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,3 +182,12 @@ def peer_version(cmd: list[str]) -> str:
         if "version" in line.lower() or line.startswith("nats-server"):
             return line.strip()
     return text.splitlines()[0] if text else "?"
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str, poll: float) -> None:
+    """Return once ``condition()`` holds; TimeoutError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} within {timeout:g} s")
+        time.sleep(poll)

@@ -17,13 +17,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from pathlib import Path
 
 from broker.daemon.config import BrokerConfig, NeighbourConfig
 from broker.daemon.forwarding import Forwarder
 from broker.daemon.hops import Hop
 from broker.daemon.shares import SecureForwarding
 from broker.daemon.stats import BrokerStats
+from broker.daemon.traffic_log import open_traffic_log
 from broker.language.filters import Value
 from broker.routing.router import Router
 from security.propagation import ShareRecord
@@ -39,6 +39,9 @@ class _DroppingForwarder(Forwarder):
         attrs: Mapping[str, Value],
         payload: bytes,
         sec: SecBlock | None = None,
+        *,
+        sender: str | None = None,
+        digest: int | None = None,
     ) -> None:
         return
 
@@ -62,8 +65,12 @@ class _CorruptingForwarder(Forwarder):
         attrs: Mapping[str, Value],
         payload: bytes,
         sec: SecBlock | None = None,
+        *,
+        sender: str | None = None,
+        digest: int | None = None,
     ) -> None:
-        super().route(source, publisher, seq, attrs, bytes(b ^ 0x5A for b in payload), sec)
+        corrupted = bytes(b ^ 0x5A for b in payload)
+        super().route(source, publisher, seq, attrs, corrupted, sec, sender=sender, digest=digest)
 
 
 class _CorruptingShares(SecureForwarding):
@@ -79,24 +86,14 @@ class _EquivocatingShares(SecureForwarding):
 
 
 class _ColludingShares(SecureForwarding):
-    def __init__(
-        self,
-        config: BrokerConfig,
-        vn: str,
-        stats: BrokerStats,
-        neighbours: Mapping[str, NeighbourConfig],
-    ) -> None:
-        super().__init__(config, vn, stats, neighbours)
-        self.collude_log: Path | None = config.collude_log
-
     def recipients_of(self, subs: list[ShareRecord], replica: int) -> list[ShareRecord]:
         return list(subs) if replica == 0 else []
 
     def share_arrived(
         self, publisher: str, epoch: int, raw: bytes, sender: str | None = None
     ) -> None:
-        if self.collude_log is not None:
-            with self.collude_log.open("a", encoding="utf-8") as out:
+        if self.config.collude_log is not None:
+            with self.config.collude_log.open("a", encoding="utf-8") as out:
                 out.write(json.dumps({"broker": self.broker_id, "record": raw.hex()}) + "\n")
         super().share_arrived(publisher, epoch, raw, sender)
 
@@ -123,5 +120,6 @@ def build_forwarding(
     """The broker's forwarder and share relay, faulty in the way ``config.byzantine`` says
     (honest when it is unset)."""
     mode = config.byzantine
-    shares = _SHARES.get(mode, SecureForwarding)(config, vn, stats, neighbours)
-    return _FORWARDERS.get(mode, Forwarder)(router, stats, shares)
+    tlog = open_traffic_log(config)
+    shares = _SHARES.get(mode, SecureForwarding)(config, vn, stats, neighbours, tlog)
+    return _FORWARDERS.get(mode, Forwarder)(router, stats, shares, tlog)

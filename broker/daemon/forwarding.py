@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from broker.daemon.hops import Hop, SeenPublications
 from broker.daemon.shares import SecureForwarding
 from broker.daemon.stats import BrokerStats
-from broker.daemon.traffic_log import open_traffic_log
+from broker.daemon.traffic_log import TrafficLog
 from broker.language.filters import Value
 from broker.routing.router import Router
 from broker.wire.protocol import Forward, Publish, encode_deliver, encode_forward
@@ -42,18 +42,20 @@ TrafficClasses = defaultdict[tuple[Hop, ...], int]
 class Forwarder:
     """Routes publications for one broker; counts the traffic classes it carried."""
 
-    def __init__(self, router: Router[Hop], stats: BrokerStats, shares: SecureForwarding) -> None:
+    def __init__(
+        self,
+        router: Router[Hop],
+        stats: BrokerStats,
+        shares: SecureForwarding,
+        tlog: TrafficLog | None = None,
+    ) -> None:
         self.router = router
         self.stats = stats
         self.shares = shares
         self.seen = SeenPublications()
         self.traffic: TrafficClasses = defaultdict(int)
         # Traffic log (SPEC §7): the hot path appends a tuple; a thread formats and writes.
-        self.tlog = open_traffic_log(shares.config)
-        shares.tlog = self.tlog
-        # Who sent the copy being routed (a client id, or the upstream replica's id).
-        self.sender: str | None = None
-        self.digest: int | None = None
+        self.tlog = tlog
 
     def start_window(self) -> None:
         """Count traffic classes afresh (a reconfiguration window started)."""
@@ -68,15 +70,21 @@ class Forwarder:
                 "advertisements; advertise first"
             )
         sec = msg.sec
-        self.sender = client_id
-        self.digest = None
         if sec is None:
-            self.route(source, client_id, msg.seq, msg.attrs, msg.payload)
+            self.route(source, client_id, msg.seq, msg.attrs, msg.payload, sender=client_id)
             return None
         problem = self.shares.check_publish(client_id, msg)
         if problem:
             return InvalidRequest(f"PUBLISH seq {msg.seq}: {problem}")
-        self.route(source, client_id, msg.seq, msg.attrs, msg.payload, sec.without_share())
+        self.route(
+            source,
+            client_id,
+            msg.seq,
+            msg.attrs,
+            msg.payload,
+            sec.without_share(),
+            sender=client_id,
+        )
         if sec.share is not None:
             self.shares.share_arrived(client_id, msg.seq, sec.share)
         return None
@@ -108,9 +116,17 @@ class Forwarder:
                 )
             return
         self.seen.mark(msg.publisher, msg.seq)
-        self.sender = sender
-        self.digest = None if tlog is None else zlib.crc32(msg.payload)
-        self.route(source, msg.publisher, msg.seq, msg.attrs, msg.payload, msg.sec)
+        digest = None if tlog is None else zlib.crc32(msg.payload)
+        self.route(
+            source,
+            msg.publisher,
+            msg.seq,
+            msg.attrs,
+            msg.payload,
+            msg.sec,
+            sender=sender,
+            digest=digest,
+        )
 
     def route(
         self,
@@ -120,8 +136,14 @@ class Forwarder:
         attrs: Mapping[str, Value],
         payload: bytes,
         sec: SecBlock | None = None,
+        *,
+        sender: str | None = None,
+        digest: int | None = None,
     ) -> None:
-        """Deliver to matching local subscribers and forward toward matching brokers."""
+        """Deliver to matching local subscribers and forward toward matching brokers.
+
+        ``sender`` (the client, or the upstream replica whose copy this is) and ``digest``
+        (the payload's CRC as received) are for the traffic log only."""
         stats = self.stats
         stats.routed += 1
         if stats.routed & _MATCH_SAMPLE_MASK:
@@ -160,12 +182,12 @@ class Forwarder:
         tlog = self.tlog
         if tlog is not None:
             if dropped is None:
-                route_key = (source, self.sender, *targets)
+                route_key = (source, sender, *targets)
                 hops = tlog.hops.get(route_key)
                 if hops is None:
-                    hops = tlog.hops_fragment(route_key, source, self.sender, targets, None)
+                    hops = tlog.hops_fragment(route_key, source, sender, targets, None)
             else:
-                hops = tlog.hops_fragment(None, source, self.sender, targets, dropped)
+                hops = tlog.hops_fragment(None, source, sender, targets, dropped)
             tlog.append(
                 (
                     "pub",
@@ -175,7 +197,7 @@ class Forwarder:
                     hops,
                     len(payload),
                     sec is not None,
-                    self.digest,
+                    digest,
                 )
             )
         if sec is not None:

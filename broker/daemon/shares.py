@@ -60,10 +60,11 @@ class SecureForwarding:
         vn: str,
         stats: BrokerStats,
         neighbours: Mapping[str, NeighbourConfig],
+        tlog: TrafficLog | None = None,
     ) -> None:
         self.config = config
-        # The traffic log (set by the forwarder): share verdicts are logged there.
-        self.tlog: TrafficLog | None = None
+        # The broker's traffic log (SPEC §7): share verdicts are logged there.
+        self.tlog = tlog
         self.broker_id = config.id
         self.replica = config.replica
         self.vn = vn

@@ -14,17 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import trellis
+
 pytestmark = pytest.mark.slow
-
-
-def trellis(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "broker", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def processes_under(directory: Path) -> list[int]:

@@ -12,16 +12,7 @@ import pytest
 
 from broker.tools import cli
 from broker.tools.launcher import BrokerProcess
-
-
-def trellis(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "broker", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+from tests.support import trellis
 
 
 def test_pub_and_sub_exchange_json_lines(broker: BrokerProcess, tmp_path: Path) -> None:

@@ -18,16 +18,7 @@ from broker.tools import cli
 from broker.tools.launcher import BrokerProcess, LaunchError
 from broker.tools.local import LocalOverlay, is_broker_process, start_overlay
 from overlay.tree import line_tree
-
-
-def trellis(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "broker", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+from tests.support import trellis
 
 
 def error_line(out: subprocess.CompletedProcess[str], command: str) -> str:
