@@ -1,0 +1,232 @@
+"""Agreement on a replicated stream: what ``f + 1`` replicas sent, exactly once, in order.
+
+Every replica of a virtual node (VN) forwards each publication it routes to every replica
+of the next VN, and the replicas of a subscriber's edge VN each deliver it to the
+subscriber. Up to ``f`` of those senders may be Byzantine: they may drop, alter, invent,
+replay, reorder or delay copies, or send different versions to different receivers. A
+receiver (a broker for a neighbouring VN's copies, the SDK for its edge VN's deliveries)
+runs one :class:`ReplicatedStream` per publisher and upstream VN and acts on what it
+*releases*:
+
+* **Integrity.** A version is released only once ``f + 1`` distinct sources sent identical
+  content; one of them is honest, and an honest sender only ever passes on what was
+  published (by induction from the publisher's edge VN, which hears the publisher itself).
+  Content that differs in a single byte is another version, so a bad copy never advances a
+  sequence and never evicts a good one: versions wait side by side.
+* **Order and exactly once.** Sequences are released in increasing order, each at most once;
+  copies at or below the last decided sequence are late and ignored. The smallest pending
+  sequence blocks the later ones until it is decided. It is released when a version reaches
+  ``f + 1``; it is *abandoned* (decided without release) when more than ``f`` sources have
+  already sent a later sequence without supporting any of its versions. An honest source sends
+  its copies in sequence order over one connection, so once it sent a later sequence it will
+  never send this one; a version every honest source skipped was never genuine (only the
+  ``f`` Byzantine sources can skip a genuine version, and ``f`` is not more than ``f``).
+* **No loss.** A genuine publication that some honest source sends is sent by every honest
+  source that routes it, and there are at least ``f + 1`` honest sources, so it reaches the
+  threshold; released later sequences never overtake it because one of their ``f + 1``
+  supporters is honest and sent it first. Liveness therefore needs ``f + 1`` honest sources
+  whose links are up and whose routing tables agree. While a subscription is still spreading,
+  honest replicas can briefly disagree on whether a publication matches; a sequence stuck
+  below a released one for ``patience`` seconds is then abandoned (:meth:`expire`), so the
+  stream never stalls and order still holds.
+* **Blame, only on proof.** Once a version is released it is the genuine one, so a source
+  that sent a different version of that sequence (before or after) is Byzantine; so is a
+  source that sent two versions of one sequence, or more undecided copies than ``limit``.
+
+The class is pure: no clocks and no I/O. Callers pass ``now`` (any monotonic clock).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+__all__ = ["Blame", "ReplicatedStream"]
+
+S = TypeVar("S", bound=Hashable)
+T = TypeVar("T")
+
+_RECENT = 128
+
+
+@dataclass(frozen=True, slots=True)
+class Blame(Generic[S]):
+    """A source proven to have misbehaved on one sequence."""
+
+    source: S
+    seq: int
+    why: str
+
+
+class _Version(Generic[S, T]):
+    __slots__ = ("item", "sources")
+
+    def __init__(self, item: T, source: S) -> None:
+        self.item = item
+        self.sources = {source}
+
+
+class _Pending(Generic[S, T]):
+    __slots__ = ("since", "versions")
+
+    def __init__(self, since: float) -> None:
+        self.since = since
+        self.versions: dict[Hashable, _Version[S, T]] = {}
+
+
+class ReplicatedStream(Generic[S, T]):
+    """One publisher's stream as copies from up to ``f`` Byzantine sources deliver it.
+
+    Args:
+        faults: ``f``, the most sources that may be Byzantine (0: trust the one source).
+        limit: the most undecided copies one source may have outstanding; more are ignored
+            and blamed (an honest source has only what is in flight).
+    """
+
+    def __init__(self, faults: int, *, limit: int = 16384) -> None:
+        if faults < 0:
+            raise ValueError(f"faults must be >= 0, got {faults}")
+        self.faults = faults
+        self.threshold = faults + 1
+        self.limit = limit
+        self.floor = -1
+        """Every sequence at or below it is decided (released or abandoned)."""
+        self.blames: list[Blame[S]] = []
+        """Proven misbehaviour, oldest first; the caller drains it."""
+        self._pending: dict[int, _Pending[S, T]] = {}
+        self._heap: list[int] = []
+        self._high: dict[S, int] = {}
+        self._load: dict[S, int] = {}
+        self._flooding: set[S] = set()
+        self._decided: OrderedDict[int, Hashable | None] = OrderedDict()
+
+    @property
+    def waiting(self) -> int:
+        """Sequences with copies that are not decided yet."""
+        return len(self._pending)
+
+    def blocked_since(self) -> float | None:
+        """When the first copy of the smallest undecided sequence came, if any is waiting."""
+        return self._pending[self._heap[0]].since if self._heap else None
+
+    def offer(
+        self, source: S, seq: int, content: Hashable, item: T, now: float = 0.0
+    ) -> list[tuple[int, T]]:
+        """One copy of ``seq`` from ``source``; returns what it releases, in order.
+
+        ``content`` is what must be identical across copies (payload, attributes, security
+        block); ``item`` is what is released (the first copy of the winning version)."""
+        if seq <= self.floor:
+            self._late(source, seq, content)
+            return []
+        if seq > self._high.get(source, -1):
+            self._high[source] = seq
+        entry = self._pending.get(seq)
+        if entry is not None:
+            version = entry.versions.get(content)
+            if version is not None and source in version.sources:
+                return []  # the same copy again (a replay): nothing new
+            for other in entry.versions.values():
+                if source in other.sources:
+                    self.blames.append(Blame(source, seq, "sent two versions of one publication"))
+                    return []
+        else:
+            version = None
+        load = self._load.get(source, 0)
+        if load >= self.limit:
+            self._flood(source, seq)
+            return []
+        self._load[source] = load + 1
+        if entry is None:
+            entry = self._pending[seq] = _Pending(now)
+            heapq.heappush(self._heap, seq)
+        if version is None:
+            entry.versions[content] = _Version(item, source)
+        else:
+            version.sources.add(source)
+        return self._settle()
+
+    def expire(self, now: float, patience: float) -> list[tuple[int, T]]:
+        """Abandon the smallest undecided sequence if it has waited ``patience`` seconds
+        while a later one is ready (a subscription still spreading); returns what that
+        releases, in order."""
+        released: list[tuple[int, T]] = []
+        while self._heap:
+            first = self._pending[self._heap[0]]
+            if now - first.since < patience or not self._later_ready():
+                break
+            self._decide(self._heap[0], None)
+            released.extend(self._settle())
+        return released
+
+    def _later_ready(self) -> bool:
+        threshold = self.threshold
+        head = self._heap[0]
+        return any(
+            len(v.sources) >= threshold
+            for s, p in self._pending.items()
+            if s != head
+            for v in p.versions.values()
+        )
+
+    def _settle(self) -> list[tuple[int, T]]:
+        released: list[tuple[int, T]] = []
+        threshold = self.threshold
+        heap = self._heap
+        while heap:
+            seq = heap[0]
+            versions = self._pending[seq].versions
+            winner = None
+            for content, version in versions.items():
+                if len(version.sources) >= threshold:
+                    winner = content
+                    break
+            if winner is not None:
+                released.append((seq, versions[winner].item))
+                self._decide(seq, winner)
+                continue
+            if not self._abandoned(seq, versions):
+                break
+            self._decide(seq, None)
+        return released
+
+    def _abandoned(self, seq: int, versions: dict[Hashable, _Version[S, T]]) -> bool:
+        passed = [s for s, high in self._high.items() if high > seq]
+        faults = self.faults
+        if len(passed) <= faults:
+            return False
+        for version in versions.values():
+            sources = version.sources
+            if sum(1 for s in passed if s not in sources) <= faults:
+                return False
+        return True
+
+    def _decide(self, seq: int, winner: Hashable | None) -> None:
+        heapq.heappop(self._heap)
+        entry = self._pending.pop(seq)
+        load = self._load
+        for content, version in entry.versions.items():
+            for source in version.sources:
+                load[source] -= 1
+                if winner is not None and content != winner:
+                    self.blames.append(Blame(source, seq, "sent an altered copy"))
+        self.floor = seq
+        decided = self._decided
+        decided[seq] = winner
+        if len(decided) > _RECENT:
+            decided.popitem(last=False)
+
+    def _late(self, source: S, seq: int, content: Hashable) -> None:
+        winner = self._decided.get(seq)
+        if winner is not None and content != winner:
+            self.blames.append(Blame(source, seq, "sent an altered copy"))
+
+    def _flood(self, source: S, seq: int) -> None:
+        if source not in self._flooding:
+            self._flooding.add(source)
+            self.blames.append(
+                Blame(source, seq, f"sent over {self.limit} copies nobody else confirmed")
+            )

@@ -1,0 +1,225 @@
+"""Agreement on replicated streams: exact delivery whatever f Byzantine replicas per VN do.
+
+The property test builds a two-VN path in memory (publisher -> VN1 -> VN2 -> subscriber),
+runs the receiving logic of every honest replica and of the subscriber
+(:class:`security.agreement.ReplicatedStream`), and lets an adversary choose what each
+Byzantine replica sends on each of its links (altered, invented, replayed, reordered,
+withheld or equivocated copies) and in what order every link's frames arrive. Honest links
+keep their frames in order (TCP); nothing else is assumed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from security.agreement import ReplicatedStream
+
+Copy = tuple[int, bytes]  # (seq, payload)
+
+
+def _faults(r: int) -> int:
+    return (r - 1) // 2
+
+
+@dataclass
+class Link:
+    sender: str
+    receiver: str
+    frames: deque[Copy] = field(default_factory=deque)
+
+
+@dataclass
+class Replica:
+    name: str
+    byzantine: bool
+    stream: ReplicatedStream[str, bytes]
+    out: list[Link] = field(default_factory=list)
+    routed: list[Copy] = field(default_factory=list)
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> dict[str, object]:
+    r1 = draw(st.sampled_from([1, 3, 4, 5]))
+    r2 = draw(st.sampled_from([1, 3, 4, 5]))
+    n = draw(st.integers(1, 12))
+    published = [(seq, draw(st.binary(min_size=1, max_size=4))) for seq in range(1, n + 1)]
+    matching = [draw(st.booleans()) for _ in published]
+    bad1 = draw(st.sets(st.integers(0, r1 - 1), max_size=_faults(r1)))
+    bad2 = draw(st.sets(st.integers(0, r2 - 1), max_size=_faults(r2)))
+    # What a Byzantine replica sends on one link: any mix of genuine, altered, invented and
+    # replayed copies, in any order (drop = leave out, delay = the schedule decides).
+    action = st.tuples(
+        st.sampled_from(["genuine", "altered", "invented"]),
+        st.integers(0, n + 2),
+        st.binary(min_size=0, max_size=4),
+    )
+    lies = draw(st.lists(st.lists(action, max_size=2 * n + 2), min_size=12, max_size=12))
+    schedule = draw(st.lists(st.integers(0, 63), max_size=400))
+    return {
+        "r1": r1,
+        "r2": r2,
+        "published": published,
+        "matching": matching,
+        "bad1": bad1,
+        "bad2": bad2,
+        "lies": lies,
+        "schedule": schedule,
+    }
+
+
+def _lie(plan: list[tuple[str, int, bytes]], published: dict[int, bytes]) -> list[Copy]:
+    frames: list[Copy] = []
+    for kind, seq, noise in plan:
+        genuine = published.get(seq, b"")
+        if kind == "genuine" and seq in published:
+            frames.append((seq, genuine))
+        elif kind == "altered":
+            altered = genuine + noise if noise else genuine[:-1]
+            if altered != genuine or seq not in published:
+                frames.append((seq, altered))
+        else:
+            frames.append((seq, noise))
+    return frames
+
+
+def _run(sc: dict[str, object]) -> tuple[list[Copy], list[Copy], set[str], set[str]]:
+    r1, r2 = int(sc["r1"]), int(sc["r2"])  # type: ignore[call-overload]
+    published: list[Copy] = sc["published"]  # type: ignore[assignment]
+    matching: list[bool] = sc["matching"]  # type: ignore[assignment]
+    bad1: set[int] = sc["bad1"]  # type: ignore[assignment]
+    bad2: set[int] = sc["bad2"]  # type: ignore[assignment]
+    lies: list[list[tuple[str, int, bytes]]] = sc["lies"]  # type: ignore[assignment]
+    schedule: list[int] = sc["schedule"]  # type: ignore[assignment]
+    genuine = dict(published)
+    wanted = [c for c, m in zip(published, matching, strict=True) if m]
+    match = {seq for (seq, _), m in zip(published, matching, strict=True) if m}
+
+    vn1 = [
+        Replica(f"a{i}", i in bad1, ReplicatedStream[str, bytes](0)) for i in range(r1)
+    ]
+    vn2 = [
+        Replica(f"b{i}", i in bad2, ReplicatedStream[str, bytes](_faults(r1)))
+        for i in range(r2)
+    ]
+    subscriber = ReplicatedStream[str, bytes](_faults(r2))
+    links: list[Link] = []
+    for a in vn1:
+        for b in vn2:
+            a.out.append(Link(a.name, b.name))
+    for b in vn2:
+        b.out.append(Link(b.name, "sub"))
+    by_name = {x.name: x for x in (*vn1, *vn2)}
+    lie_plans = iter(lies * 4)
+    for replica in (*vn1, *vn2):
+        links.extend(replica.out)
+        if replica.byzantine:
+            for link in replica.out:
+                link.frames.extend(_lie(next(lie_plans), genuine))
+    delivered: list[Copy] = []
+
+    def route(replica: Replica, released: list[tuple[int, bytes]]) -> None:
+        for seq, payload in released:
+            replica.routed.append((seq, payload))
+            if not replica.byzantine and seq in match:
+                for link in replica.out:
+                    link.frames.append((seq, payload))
+
+    # The publisher is a client of every VN1 replica; it is honest, its links are in order.
+    for a in vn1:
+        for seq, payload in published:
+            route(a, a.stream.offer("publisher", seq, payload, payload))
+
+    def step(link: Link) -> None:
+        seq, payload = link.frames.popleft()
+        if link.receiver == "sub":
+            delivered.extend(subscriber.offer(link.sender, seq, payload, payload))
+        else:
+            receiver = by_name[link.receiver]
+            route(receiver, receiver.stream.offer(link.sender, seq, payload, payload))
+
+    for pick in schedule:
+        busy = [link for link in links if link.frames]
+        if not busy:
+            break
+        step(busy[pick % len(busy)])
+    while any(link.frames for link in links):
+        for link in links:
+            if link.frames:
+                step(link)
+    honest = {x.name for x in (*vn1, *vn2) if not x.byzantine}
+    blamed = {b.source for x in (*vn1, *vn2) for b in x.stream.blames} | {
+        b.source for b in subscriber.blames
+    }
+    return wanted, delivered, honest, blamed
+
+
+@settings(max_examples=400, deadline=None)
+@given(scenarios())
+def test_subscriber_gets_exactly_the_published_stream_whatever_f_replicas_per_vn_send(
+    sc: dict[str, object],
+) -> None:
+    wanted, delivered, _honest, _blamed = _run(sc)
+    assert delivered == wanted
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenarios())
+def test_blame_never_names_an_honest_replica(sc: dict[str, object]) -> None:
+    _wanted, _delivered, honest, blamed = _run(sc)
+    assert not blamed & honest
+
+
+def test_an_altered_copy_is_blamed_once_the_genuine_one_is_released() -> None:
+    stream = ReplicatedStream[str, bytes](1)
+    assert stream.offer("bad", 1, b"evil", b"evil") == []
+    assert stream.offer("a", 1, b"good", b"good") == []
+    assert stream.offer("b", 1, b"good", b"good") == [(1, b"good")]
+    assert [(b.source, b.seq) for b in stream.blames] == [("bad", 1)]
+    stream.offer("bad", 1, b"later evil", b"later evil")
+    assert [(b.source, b.seq) for b in stream.blames] == [("bad", 1), ("bad", 1)]
+
+
+def test_an_invented_sequence_does_not_hold_back_the_genuine_ones() -> None:
+    stream = ReplicatedStream[str, bytes](1)
+    assert stream.offer("bad", 2, b"invented", b"invented") == []
+    assert stream.offer("a", 3, b"x", b"x") == []
+    # b passes 2 too: two sources skipped it, more than f = 1, so it was never genuine.
+    assert stream.offer("b", 3, b"x", b"x") == [(3, b"x")]
+    assert stream.offer("bad", 2, b"invented", b"invented") == []
+
+
+def test_a_later_sequence_waits_for_an_earlier_one_an_honest_replica_sent() -> None:
+    stream = ReplicatedStream[str, bytes](1)
+    assert stream.offer("a", 1, b"one", b"one") == []
+    assert stream.offer("a", 2, b"two", b"two") == []
+    assert stream.offer("bad", 2, b"two", b"two") == []  # 2 has f + 1, but 1 comes first
+    assert stream.offer("b", 1, b"one", b"one") == [(1, b"one"), (2, b"two")]
+
+
+def test_a_stuck_sequence_is_abandoned_after_patience_without_breaking_order() -> None:
+    stream = ReplicatedStream[str, bytes](1)
+    # a routed 1 before b had the subscription; the third replica is silent.
+    stream.offer("a", 1, b"one", b"one", now=0.0)
+    stream.offer("a", 2, b"two", b"two", now=0.1)
+    stream.offer("b", 2, b"two", b"two", now=0.1)
+    assert stream.expire(now=0.5, patience=1.0) == []
+    assert stream.expire(now=1.5, patience=1.0) == [(2, b"two")]
+    assert stream.offer("c", 1, b"one", b"one") == []
+
+
+def test_a_source_flooding_undecided_copies_is_cut_off_and_blamed() -> None:
+    stream = ReplicatedStream[str, bytes](1, limit=4)
+    for seq in range(100, 110):
+        stream.offer("bad", seq, b"x", b"x")
+    assert stream.waiting == 4
+    assert [b.source for b in stream.blames] == ["bad"]
+
+
+def test_faults_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="faults"):
+        ReplicatedStream[str, bytes](-1)
