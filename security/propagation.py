@@ -11,12 +11,28 @@ The share with lineage p is a *node*; the broker holding it is ``holder(p)``, an
 p it is the *splitter* of p (the publisher splits the root ``()``).
 
 Commitments. What is shared at every level is the parent's *opening* ``salt || data`` (the root
-shares K itself), and every split is published as a :class:`SplitCert`: the splitter's Ed25519
-signature over (publication id, node, k, r, splitter id, SHA-256 commitments of the r child
-openings). A record carries the certificates of all its ancestors' splits, so any reconstructed
-value can be checked against the commitment its own splitter's parent signed, at every level.
-The 16-byte random salt keeps a commitment hiding even to colluders who hold other shares of the
-same split; sharing the salt onward (it is part of the opening) lets the subscriber recompute it.
+shares K itself), and every split is published as a :class:`SplitCert`: a statement (publication
+id, node, k, r, splitter id, SHA-256 commitments of the r child openings, digest of the parent
+certificate) under the splitter's Ed25519 signature. A record carries the certificates of all its
+ancestors' splits, so any reconstructed value can be checked against the commitment its own
+splitter's parent signed, at every level. The 16-byte random salt keeps a commitment hiding even
+to colluders who hold other shares of the same split; sharing the salt onward (it is part of the
+opening) lets the subscriber recompute it.
+
+Amortised signatures. A splitter does not sign each certificate: it collects every split it
+makes in one batch (a broker: one event-loop flush; :class:`CertBatch`), builds a Merkle tree
+over the statements, and signs the root once; each certificate carries its position, the batch
+size and its Merkle path (:class:`SplitCert` ``position``, ``count``, ``proof``). Verifiers cache
+verified roots (:class:`SealCache`), so a batch costs one verification per receiver, whatever
+the number of publications in it.
+
+Incremental verification by vouching. A statement names its parent certificate by digest
+(seal included), so a splitter's signature also vouches for the chain above it. An honest
+broker verifies the seal of the certificate its direct sender signed (and every digest link,
+structure and commitment, which is hashing only) and trusts the seals above, which the sender
+vouched for. A full audit (:func:`reconstruct`) verifies every seal and blames a bad one on the
+signer of the certificate just below it: that broker received the bad certificate from its
+signer and signed over it without checking, which no honest broker does.
 
 Robust reconstruction (:func:`reconstruct`) works bottom-up in time linear in the number of
 leaves times the split width: a node's candidate value is the Shamir combination of those
@@ -33,7 +49,7 @@ import hashlib
 import os
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import NamedTuple
 
@@ -48,21 +64,27 @@ from security.errors import IntegrityError
 __all__ = [
     "SALT_SIZE",
     "Blame",
+    "CertBatch",
     "ChainVerifier",
     "Fault",
     "Member",
     "PathView",
     "PropagationError",
     "Reconstruction",
+    "SealCache",
     "ShareInbox",
     "ShareRecord",
     "SplitCert",
+    "cert_digest",
     "commitment",
     "confidentiality_free",
+    "merkle_fold",
+    "merkle_tree",
     "pack_record",
     "publisher_split",
     "reconstruct",
     "resplit",
+    "seal_certs",
     "silent_senders",
     "threshold_for",
     "unpack_record",
@@ -71,7 +93,12 @@ __all__ = [
 SALT_SIZE = 16
 _DIGEST_SIZE = 32
 _COMMIT_DOMAIN = b"trellis/share-commitment/v1\x00"
-_CERT_DOMAIN = "trellis/split-cert/v1"
+_CERT_DOMAIN = "trellis/split-cert/v2"
+_ROOT_DOMAIN = "trellis/split-batch/v2"
+_LEAF_TAG = b"trellis/merkle-leaf\x00"
+_NODE_TAG = b"trellis/merkle-node\x00"
+_DIGEST_TAG = b"trellis/cert-digest\x00"
+_sha256 = hashlib.sha256
 
 Lineage = tuple[int, ...]
 
@@ -146,10 +173,13 @@ class PathView:
 
 @dataclass(frozen=True, slots=True)
 class SplitCert:
-    """A splitter's signed statement of one split: the commitments to all r child openings.
+    """A splitter's certified statement of one split: the commitments to all r child openings.
 
-    Two different certificates signed for the same (publication, node) are a proof that the
-    splitter equivocated.
+    The statement is (pub_id, node, k, r, splitter, commitments, parent); ``signature`` signs
+    the Merkle root of the batch of statements the splitter certified together, and
+    ``position``, ``count`` and ``proof`` place this statement in that batch. Two different
+    statements validly sealed for the same (publication, node) prove that the splitter
+    equivocated.
     """
 
     pub_id: bytes
@@ -159,9 +189,13 @@ class SplitCert:
     splitter: str
     commitments: tuple[bytes, ...]
     signature: bytes
+    parent: bytes = b""
+    position: int = 0
+    count: int = 1
+    proof: tuple[bytes, ...] = ()
 
     def signed_bytes(self) -> bytes:
-        """The canonical msgpack bytes the signature covers."""
+        """The canonical msgpack bytes of the statement (a leaf of the batch's Merkle tree)."""
         return _cert_bytes(
             self.pub_id,
             self.node,
@@ -169,15 +203,150 @@ class SplitCert:
             self.r,
             splitter=self.splitter,
             commitments=self.commitments,
+            parent=self.parent,
+        )
+
+    @property
+    def statement(self) -> tuple[object, ...]:
+        """What the splitter states, without the seal: versions of a split compare on this."""
+        return (
+            self.pub_id,
+            self.node,
+            self.k,
+            self.r,
+            self.splitter,
+            self.commitments,
+            self.parent,
         )
 
 
 def _cert_bytes(
-    pub_id: bytes, node: Lineage, k: int, r: int, *, splitter: str, commitments: Sequence[bytes]
+    pub_id: bytes,
+    node: Lineage,
+    k: int,
+    r: int,
+    *,
+    splitter: str,
+    commitments: Sequence[bytes],
+    parent: bytes,
 ) -> bytes:
     return msgpack.packb(
-        [_CERT_DOMAIN, pub_id, list(node), k, r, splitter, list(commitments)], use_bin_type=True
+        [_CERT_DOMAIN, pub_id, list(node), k, r, splitter, list(commitments), parent],
+        use_bin_type=True,
     )
+
+
+def cert_digest(cert: SplitCert) -> bytes:
+    """The digest a child statement names its parent certificate by (seal included)."""
+    return _sha256(
+        _DIGEST_TAG
+        + cert.signed_bytes()
+        + msgpack.packb([cert.signature, cert.position, cert.count, list(cert.proof)])
+    ).digest()
+
+
+def _leaf_hash(statement: bytes) -> bytes:
+    return _sha256(_LEAF_TAG + statement).digest()
+
+
+def merkle_tree(leaves: Sequence[bytes]) -> tuple[bytes, list[tuple[bytes, ...]]]:
+    """The root over leaf hashes and each leaf's proof (sibling hashes, bottom up).
+
+    A level with an odd count carries its last node up unchanged, so the shape (and which
+    levels have a sibling) follows from the position and the count alone.
+    """
+    if not leaves:
+        raise PropagationError("a Merkle tree needs at least one leaf")
+    level = list(leaves)
+    proofs: list[list[bytes]] = [[] for _ in leaves]
+    # members[i]: the leaves under node i of the current level
+    members: list[list[int]] = [[i] for i in range(len(leaves))]
+    while len(level) > 1:
+        up: list[bytes] = []
+        up_members: list[list[int]] = []
+        for i in range(0, len(level) - 1, 2):
+            left, right = level[i], level[i + 1]
+            for leaf in members[i]:
+                proofs[leaf].append(right)
+            for leaf in members[i + 1]:
+                proofs[leaf].append(left)
+            up.append(_sha256(_NODE_TAG + left + right).digest())
+            up_members.append(members[i] + members[i + 1])
+        if len(level) % 2:
+            up.append(level[-1])
+            up_members.append(members[-1])
+        level, members = up, up_members
+    return level[0], [tuple(p) for p in proofs]
+
+
+def merkle_fold(leaf: bytes, position: int, count: int, proof: Sequence[bytes]) -> bytes | None:
+    """The root ``proof`` leads to from ``leaf`` at ``position`` of ``count``; None when the
+    proof has the wrong length for that position."""
+    if not 0 <= position < count:
+        return None
+    node, p, n, used = leaf, position, count, 0
+    while n > 1:
+        if p ^ 1 < n:
+            if used >= len(proof):
+                return None
+            sibling = proof[used]
+            used += 1
+            pair = sibling + node if p & 1 else node + sibling
+            node = _sha256(_NODE_TAG + pair).digest()
+        p >>= 1
+        n = (n + 1) >> 1
+    return node if used == len(proof) else None
+
+
+def _root_message(splitter: str, count: int, root: bytes) -> bytes:
+    return msgpack.packb([_ROOT_DOMAIN, splitter, count, root], use_bin_type=True)
+
+
+class SealCache:
+    """Batch roots already verified, by (public key, count, root, signature): positives only.
+
+    Shared by every verifier of a process, so a batch covering many publications is verified
+    once, not once per publication or share. Bounded: the oldest entries are dropped.
+    """
+
+    def __init__(self, size: int = 1 << 16) -> None:
+        self.size = size
+        self._ok: dict[tuple[bytes, int, bytes, bytes], None] = {}
+        self.verified = 0  # Ed25519 verifications actually run (for benchmarks)
+
+    def check(
+        self, key: Ed25519PublicKey, splitter: str, count: int, root: bytes, sig: bytes
+    ) -> bool:
+        """Whether ``sig`` is ``splitter``'s signature over the batch root."""
+        entry = (key.public_bytes_raw(), count, root, sig)
+        if entry in self._ok:
+            return True
+        self.verified += 1
+        try:
+            key.verify(sig, _root_message(splitter, count, root))
+        except InvalidSignature:
+            return False
+        ok = self._ok
+        if len(ok) >= self.size:
+            for stale in list(ok)[: self.size // 4]:
+                del ok[stale]
+        ok[entry] = None
+        return True
+
+
+DEFAULT_SEALS = SealCache()
+
+
+def seal_certs(certs: Sequence[SplitCert], signer: Signer) -> list[SplitCert]:
+    """Seal statements together: one signature over their Merkle root, a path for each."""
+    leaves = [_leaf_hash(cert.signed_bytes()) for cert in certs]
+    root, proofs = merkle_tree(leaves)
+    count = len(certs)
+    signature = signer.sign(_root_message(signer.id, count, root))
+    return [
+        replace(cert, signature=signature, position=i, count=count, proof=proofs[i])
+        for i, cert in enumerate(certs)
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,23 +391,66 @@ def _split_node(
     *,
     k: int,
     r: int,
-    signer: Signer,
+    splitter: str,
 ) -> list[ShareRecord]:
+    """Split ``secret`` with an unsealed certificate (empty signature)."""
     shares = shamir.split(secret, k, r)
     salts = os.urandom(SALT_SIZE * r)
     openings = [
         (salts[j * SALT_SIZE : (j + 1) * SALT_SIZE], share.data) for j, share in enumerate(shares)
     ]
     commitments = tuple(commitment(salt + data) for salt, data in openings)
-    signature = signer.sign(
-        _cert_bytes(pub_id, node, k, r, splitter=signer.id, commitments=commitments)
-    )
-    cert = SplitCert(pub_id, node, k, r, signer.id, commitments, signature)
+    parent = cert_digest(parent_certs[-1]) if parent_certs else b""
+    cert = SplitCert(pub_id, node, k, r, splitter, commitments, b"", parent)
     certs = (*parent_certs, cert)
     return [
         ShareRecord(pub_id, (*node, j), certs, salt, data)
         for j, (salt, data) in enumerate(openings)
     ]
+
+
+def _with_last_cert(records: list[ShareRecord], cert: SplitCert) -> list[ShareRecord]:
+    return [replace(rec, certs=(*rec.certs[:-1], cert)) for rec in records]
+
+
+class CertBatch:
+    """Splits one signer made since the last :meth:`seal`: one signature for all of them.
+
+    :meth:`split` returns records whose newest certificate is unsealed; :meth:`seal` signs
+    the batch's Merkle root and :meth:`sealed` swaps the sealed certificate into a record.
+    """
+
+    def __init__(self, signer: Signer) -> None:
+        self.signer = signer
+        self._pending: dict[SplitCert, SplitCert | None] = {}
+        self.signatures = 0
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def split(self, record: ShareRecord, k_next: int, r_next: int) -> list[ShareRecord]:
+        """Re-split a held (and accepted) share, certificate to be sealed with the batch."""
+        _check_scheme(k_next, r_next)
+        subs = _split_node(
+            record.opening,
+            record.pub_id,
+            record.lineage,
+            record.certs,
+            k=k_next,
+            r=r_next,
+            splitter=self.signer.id,
+        )
+        self._pending[subs[0].certs[-1]] = None
+        return subs
+
+    def seal(self) -> dict[SplitCert, SplitCert]:
+        """Sign every pending certificate (one signature); unsealed -> sealed. Empties."""
+        pending = list(self._pending)
+        self._pending = {}
+        if not pending:
+            return {}
+        self.signatures += 1
+        return dict(zip(pending, seal_certs(pending, self.signer), strict=True))
 
 
 def _check_scheme(k: int, r: int) -> None:
@@ -255,26 +467,23 @@ def publisher_split(key: bytes, k: int, n: int, signer: Signer, pub_id: bytes) -
     would break either confidentiality or robustness, so it is rejected rather than honoured.
     """
     _check_scheme(k, n)
-    return _split_node(bytes(key), bytes(pub_id), (), (), k=k, r=n, signer=signer)
+    records = _split_node(bytes(key), bytes(pub_id), (), (), k=k, r=n, splitter=signer.id)
+    (cert,) = seal_certs([records[0].certs[-1]], signer)
+    return _with_last_cert(records, cert)
 
 
 def resplit(record: ShareRecord, k_next: int, r_next: int, signer: Signer) -> list[ShareRecord]:
-    """Re-split a held (and accepted) share for the next VN of ``r_next`` replicas.
+    """Re-split a held (and accepted) share for the next VN of ``r_next`` replicas, sealed
+    at once (a batch of one; brokers batch with :class:`CertBatch`).
 
     Sub-share j goes to replica j of the next VN. The signer must be the record's holder; only
     records a :class:`ShareInbox` accepted should be re-split, or an honest broker could be
     blamed for forwarding garbage.
     """
-    _check_scheme(k_next, r_next)
-    return _split_node(
-        record.opening,
-        record.pub_id,
-        record.lineage,
-        record.certs,
-        k=k_next,
-        r=r_next,
-        signer=signer,
-    )
+    batch = CertBatch(signer)
+    subs = batch.split(record, k_next, r_next)
+    (cert,) = batch.seal().values()
+    return _with_last_cert(subs, cert)
 
 
 class Fault(StrEnum):
@@ -323,18 +532,41 @@ class Blame:
 
 
 class ChainVerifier:
-    """Checks records against a path; caches signature checks per distinct certificate.
+    """Checks records against a path: structure, digest links, commitments and seals.
 
-    One verifier per (publication path) is enough: certificates of upper levels are shared by
-    many records, so caching turns h Ed25519 verifications per record into one per split.
+    ``seals`` says which seals are verified: ``"all"`` (an audit; a bad seal above the last
+    is blamed on the signer who vouched for it), ``"last"`` (a broker: the seal of its direct
+    sender's certificate; the sender vouched for the ones above) or ``"none"`` (a subscriber's
+    quick pass for the key, which the AES-GCM tag then checks; never a basis for blame).
+    Seal checks go through a :class:`SealCache`, so one batch root costs one verification.
     """
 
-    def __init__(self, path: PathView) -> None:
+    def __init__(
+        self, path: PathView, *, seals: str = "all", cache: SealCache | None = None
+    ) -> None:
+        if seals not in ("all", "last", "none"):
+            raise PropagationError(f"seals must be all, last or none, got {seals!r}")
         self.path = path
-        self._signature_ok: dict[SplitCert, bool] = {}
+        self.seals = seals
+        self.cache = DEFAULT_SEALS if cache is None else cache
+        self._seal_ok: dict[SplitCert, bool] = {}
 
-    def cert_problem(self, cert: SplitCert, pub_id: bytes, node: Lineage) -> str | None:
-        """Why ``cert`` is not a valid certificate for splitting ``node``, or None."""
+    def cert_problem(
+        self, cert: SplitCert, pub_id: bytes, node: Lineage, parent: bytes | None = None
+    ) -> str | None:
+        """Why ``cert`` is not a valid certificate for splitting ``node``, or None.
+
+        ``parent``: the digest the statement must name (None: not checked). The seal is
+        checked here whatever the verifier's mode.
+        """
+        problem = self._shape_problem(cert, pub_id, node, parent)
+        if problem is None and not self.seal_ok(cert):
+            problem = f"bad signature by {cert.splitter!r}"
+        return problem
+
+    def _shape_problem(
+        self, cert: SplitCert, pub_id: bytes, node: Lineage, parent: bytes | None
+    ) -> str | None:
         path = self.path
         level = len(node) + 1
         if not isinstance(cert, SplitCert):
@@ -352,46 +584,78 @@ class ChainVerifier:
             not isinstance(c, bytes) or len(c) != _DIGEST_SIZE for c in cert.commitments
         ):
             return "malformed commitment vector"
-        if not isinstance(cert.signature, bytes):
+        if not isinstance(cert.signature, bytes) or not isinstance(cert.parent, bytes):
             return "malformed signature"
-        ok = self._signature_ok.get(cert)
-        if ok is None:
-            try:
-                signer.public_key.verify(cert.signature, cert.signed_bytes())
-                ok = True
-            except InvalidSignature:
-                ok = False
-            self._signature_ok[cert] = ok
-        return None if ok else f"bad signature by {signer.id!r}"
+        if parent is not None and cert.parent != parent:
+            return "names another parent certificate"
+        return None
 
-    def record_problem(self, record: ShareRecord, pub_id: bytes | None = None) -> str | None:
-        """Why ``record`` (its whole certificate chain and its opening) is invalid, or None.
+    def seal_ok(self, cert: SplitCert) -> bool:
+        """Whether the certificate's Merkle path leads to a root its splitter signed."""
+        ok = self._seal_ok.get(cert)
+        if ok is None:
+            root = merkle_fold(
+                _leaf_hash(cert.signed_bytes()), cert.position, cert.count, cert.proof
+            )
+            signer = self.path.splitter(cert.node)
+            ok = root is not None and self.cache.check(
+                signer.public_key, signer.id, cert.count, root, cert.signature
+            )
+            self._seal_ok[cert] = ok
+        return ok
+
+    def record_fault(
+        self, record: ShareRecord, pub_id: bytes | None = None
+    ) -> tuple[str, str | None] | None:
+        """Why ``record`` is invalid and who is to blame (None: whoever sent it), or None.
 
         With ``pub_id``, a record of any other publication is invalid too: without that check a
         valid record replayed from another publication would pass for a second certificate of
         the same split, and an honest splitter would look like an equivocator.
         """
         if not isinstance(record, ShareRecord):
-            return "not a share record"
+            return "not a share record", None
         if pub_id is not None and record.pub_id != pub_id:
-            return "share of another publication"
+            return "share of another publication", None
         lineage = record.lineage
-        if not 1 <= len(lineage) <= self.path.depth or len(record.certs) != len(lineage):
-            return f"lineage {lineage} does not fit a path of {self.path.depth} VNs"
+        certs = record.certs
+        if not 1 <= len(lineage) <= self.path.depth or len(certs) != len(lineage):
+            return f"lineage {lineage} does not fit a path of {self.path.depth} VNs", None
         if not isinstance(record.salt, bytes) or len(record.salt) != SALT_SIZE:
-            return "malformed salt"
+            return "malformed salt", None
         if not isinstance(record.data, bytes):
-            return "malformed data"
-        for depth, cert in enumerate(record.certs):
+            return "malformed data", None
+        parent = b""
+        for depth, cert in enumerate(certs):
             index = lineage[depth]
             if type(index) is not int or not 0 <= index < len(self.path.vns[depth]):
-                return f"lineage index {index!r} out of range at level {depth + 1}"
-            problem = self.cert_problem(cert, record.pub_id, lineage[:depth])
+                return f"lineage index {index!r} out of range at level {depth + 1}", None
+            problem = self._shape_problem(cert, record.pub_id, lineage[:depth], parent)
             if problem:
-                return f"level {depth + 1}: {problem}"
-        if commitment(record.opening) != record.certs[-1].commitments[lineage[-1]]:
-            return "opening does not match its commitment"
+                return f"level {depth + 1}: {problem}", None
+            if depth + 1 < len(certs):
+                parent = cert_digest(cert)
+        if commitment(record.opening) != certs[-1].commitments[lineage[-1]]:
+            return "opening does not match its commitment", None
+        if self.seals == "none":
+            return None
+        if not self.seal_ok(certs[-1]):
+            return f"level {len(certs)}: bad signature by {certs[-1].splitter!r}", None
+        if self.seals == "all":
+            for depth in range(len(certs) - 2, -1, -1):
+                if not self.seal_ok(certs[depth]):
+                    voucher = certs[depth + 1].splitter
+                    return (
+                        f"level {depth + 1}: bad signature by {certs[depth].splitter!r}, "
+                        f"vouched for by {voucher!r}",
+                        voucher,
+                    )
         return None
+
+    def record_problem(self, record: ShareRecord, pub_id: bytes | None = None) -> str | None:
+        """Why ``record`` (its certificate chain and its opening) is invalid, or None."""
+        fault = self.record_fault(record, pub_id)
+        return None if fault is None else fault[0]
 
 
 class ShareInbox:
@@ -410,14 +674,15 @@ class ShareInbox:
         verifier: ChainVerifier | None = None,
     ) -> None:
         """Args: path; pub_id: the publication; level: this replica's VN level (1..h); index:
-        its replica index there; verifier: share one to share its signature cache."""
+        its replica index there; verifier: default one that checks the seal of the sender's
+        own certificate and trusts those it vouched for."""
         if not 1 <= level <= path.depth or not 0 <= index < len(path.vns[level - 1]):
             raise PropagationError(f"no replica {index} at level {level} of this path")
         self.path = path
         self.pub_id = pub_id
         self.level = level
         self.index = index
-        self.verifier = verifier or ChainVerifier(path)
+        self.verifier = verifier or ChainVerifier(path, seals="last")
         self.blames: list[Blame] = []
         self._accepted: dict[Lineage, ShareRecord] = {}
         self._heard: set[str] = set()
@@ -430,9 +695,11 @@ class ShareInbox:
     def offer(self, record: ShareRecord, sender: str) -> bool:
         """Take a record from the authenticated peer ``sender``; True when newly accepted."""
         self._heard.add(sender)
-        problem = self.verifier.record_problem(record, self.pub_id)
-        if problem:
-            self._blame(sender, Fault.BAD_SHARE, getattr(record, "lineage", ()), problem)
+        fault = self.verifier.record_fault(record, self.pub_id)
+        if fault:
+            problem, culprit = fault
+            lineage = getattr(record, "lineage", ())
+            self._blame(culprit or sender, Fault.BAD_SHARE, lineage, problem)
             return False
         lineage = record.lineage
         if len(lineage) != self.level or lineage[-1] != self.index:
@@ -443,7 +710,7 @@ class ShareInbox:
             return False
         previous = self._accepted.get(lineage)
         if previous is not None:
-            if previous != record:
+            if not _same_share(previous, record):
                 evidence = tuple({previous.certs[-1], record.certs[-1]})
                 self._blame(sender, Fault.DUPLICATE, lineage, "two different shares", evidence)
             return False
@@ -529,32 +796,35 @@ def reconstruct(
     depth = path.depth
     blames: list[Blame] = []
     leaves: dict[Lineage, ShareRecord] = {}
-    versions: dict[Lineage, set[SplitCert]] = defaultdict(set)
+    # node -> statement -> one certificate stating it (versions differ in what they state)
+    versions: dict[Lineage, dict[tuple[object, ...], SplitCert]] = defaultdict(dict)
 
     for sender, record in deliveries:
-        problem = verifier.record_problem(record, pub_id)
+        fault = verifier.record_fault(record, pub_id)
         lineage = getattr(record, "lineage", ())
-        if problem is None and len(lineage) != depth:
-            problem = f"share of level {len(lineage)}, subscribers get level {depth}"
-        if problem:
-            blames.append(Blame(sender, Fault.BAD_SHARE, tuple(lineage), problem))
+        if fault is None and len(lineage) != depth:
+            fault = f"share of level {len(lineage)}, subscribers get level {depth}", None
+        if fault:
+            problem, culprit = fault
+            blames.append(Blame(culprit or sender, Fault.BAD_SHARE, tuple(lineage), problem))
             continue
         if sender != path.holder(lineage).id:
             blames.append(Blame(sender, Fault.WRONG_SENDER, lineage, "it does not hold this share"))
             continue
         for cert in record.certs:
-            versions[cert.node].add(cert)
+            versions[cert.node].setdefault(cert.statement, cert)
         previous = leaves.get(lineage)
         if previous is None:
             leaves[lineage] = record
-        elif previous != record:
+        elif not _same_share(previous, record):
             blames.append(Blame(sender, Fault.DUPLICATE, lineage, "two different shares"))
 
-    for node, certs in versions.items():
-        if len(certs) > 1:
+    for node, stated in versions.items():
+        if len(stated) > 1:
             who = path.splitter(node).id
+            evidence = tuple(stated.values())
             blames.append(
-                Blame(who, Fault.EQUIVOCATION, node, f"{len(certs)} certificates", tuple(certs))
+                Blame(who, Fault.EQUIVOCATION, node, f"{len(evidence)} certificates", evidence)
             )
 
     # candidates[node] maps commitment -> opening of every value recovered for that node.
@@ -566,11 +836,12 @@ def reconstruct(
     for level in range(depth - 1, -1, -1):
         nodes = sorted(node for node in versions if len(node) == level)
         for node in nodes:
-            _recover_node(node, versions[node], candidates, path, blames, complete=complete)
+            certs = list(versions[node].values())
+            _recover_node(node, certs, candidates, path, blames, complete=complete)
         if level == 0:
             break
         for node in nodes:
-            allowed = {cert.commitments[node[-1]] for cert in versions[node[:-1]]}
+            allowed = {cert.commitments[node[-1]] for cert in versions[node[:-1]].values()}
             for digest in candidates.get(node, {}):
                 if digest not in allowed:
                     blames.append(
@@ -589,9 +860,18 @@ def reconstruct(
     return Reconstruction(key, tuple(_dedupe(blames)))
 
 
+def _same_share(a: ShareRecord, b: ShareRecord) -> bool:
+    """The same share, whatever seals its certificates carry."""
+    return (
+        a.salt == b.salt
+        and a.data == b.data
+        and [c.statement for c in a.certs] == [c.statement for c in b.certs]
+    )
+
+
 def _recover_node(
     node: Lineage,
-    certs: set[SplitCert],
+    certs: list[SplitCert],
     candidates: dict[Lineage, dict[bytes, bytes]],
     path: PathView,
     blames: list[Blame],
@@ -616,7 +896,7 @@ def _recover_node(
             blames.append(Blame(splitter, Fault.INCONSISTENT_SPLIT, node, str(exc), (cert,)))
             continue
         found[commitment(value) if node else value] = value
-    some = next(iter(certs))
+    some = certs[0]
     if complete and best < some.r - (some.k - 1):
         blames.append(
             Blame(splitter, Fault.SHORT_SPLIT, node, f"only {best} of {some.r} children recovered")
@@ -642,7 +922,19 @@ def pack_record(record: ShareRecord) -> bytes:
             record.pub_id,
             list(record.lineage),
             [
-                [c.pub_id, list(c.node), c.k, c.r, c.splitter, list(c.commitments), c.signature]
+                [
+                    c.pub_id,
+                    list(c.node),
+                    c.k,
+                    c.r,
+                    c.splitter,
+                    list(c.commitments),
+                    c.signature,
+                    c.parent,
+                    c.position,
+                    c.count,
+                    list(c.proof),
+                ]
                 for c in record.certs
             ],
             record.salt,
@@ -672,8 +964,24 @@ def unpack_record(raw: bytes) -> ShareRecord:
                     _str(splitter),
                     tuple(_bytes(x) for x in commits),
                     _bytes(signature),
+                    _bytes(parent),
+                    _int(position),
+                    _int(count),
+                    tuple(_bytes(x) for x in proof),
                 )
-                for c_pub, c_node, k, r, splitter, commits, signature in certs
+                for (
+                    c_pub,
+                    c_node,
+                    k,
+                    r,
+                    splitter,
+                    commits,
+                    signature,
+                    parent,
+                    position,
+                    count,
+                    proof,
+                ) in certs
             ),
             _bytes(salt),
             _bytes(data),

@@ -10,23 +10,33 @@ this replica sends that hop every share it holds for the epoch, and every share 
 arrives later goes to every hop already served. A subscriber or branch that appears
 mid-epoch is therefore served from the shares its upstream replicas hold.
 
-The publisher's signature over a confidential publication is checked here too, for a
-client's ``PUBLISH`` and a neighbour's ``FORWARD`` alike. Byzantine behaviour for tests and
-demos is not here: :mod:`broker.daemon.faults` wraps the hooks :meth:`SecureForwarding.split`
-and :meth:`SecureForwarding.recipients_of`.
+Signature work is amortised: the sub-shares split in one event-loop pass are sent at the end
+of it, their certificates sealed together by one signature over a Merkle root
+(:class:`~security.propagation.CertBatch`), and an incoming share's chain costs a signature
+verification only for its sender's batch root, once per batch (the sender vouched for the
+certificates above; see :mod:`security.propagation`).
+
+Silence: an upstream replica that sent no share of an epoch within :data:`SILENCE_DEADLINE`
+seconds of its content being routed here is blamed (``stats.blamed``, the traffic log).
+
+The publisher's signature over a client's confidential ``PUBLISH`` is checked here too.
+Byzantine behaviour for tests and demos is not here: :mod:`broker.daemon.faults` wraps the
+hooks :meth:`SecureForwarding.split` and :meth:`SecureForwarding.recipients_of`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from broker.daemon.config import BrokerConfig, NeighbourConfig
-from broker.daemon.hops import Hop, VNHop
+from broker.daemon.hops import Hop, Member, VNHop
 from broker.daemon.stats import BrokerStats
 from broker.daemon.traffic_log import TrafficLog
 from broker.wire.protocol import Publish, Share
@@ -34,11 +44,11 @@ from overlay.manifest import Manifest
 from security.envelope import Signer, private_key_from_bytes
 from security.paths import PathVote, claimed_path, path_view
 from security.propagation import (
+    CertBatch,
     PropagationError,
     ShareInbox,
     ShareRecord,
     pack_record,
-    resplit,
     threshold_for,
     unpack_record,
 )
@@ -49,6 +59,10 @@ log = logging.getLogger("trellis.security")
 T = TypeVar("T")
 
 _EPOCH_MEMORY = 4096
+
+SILENCE_DEADLINE = 3.0
+"""Seconds after an epoch's content was routed here by which every upstream replica must
+have sent a share of it; one that sent none is blamed as silent."""
 
 
 class SecureForwarding:
@@ -91,6 +105,13 @@ class SecureForwarding:
         self.unverified: OrderedDict[tuple[str, int], list[tuple[ShareRecord, str]]] = OrderedDict()
         # The security block of each epoch whose content was routed here.
         self.secs: OrderedDict[tuple[str, int], SecBlock] = OrderedDict()
+        # Splits of this event-loop pass, sealed by one signature, and the shares they make.
+        self.batch = CertBatch(self.signer) if self.signer is not None else None
+        self._outbox: list[tuple[Member, str, int, ShareRecord]] = []
+        self._flushing = False
+        # (deadline, epoch) in routing order: when to judge who stayed silent.
+        self._deadlines: deque[tuple[float, tuple[str, int]]] = deque()
+        self._sweeping = False
 
     @property
     def enabled(self) -> bool:
@@ -164,6 +185,7 @@ class SecureForwarding:
             if len(self.secs) > _EPOCH_MEMORY:
                 self.secs.popitem(last=False)
             self._open_inboxes(key)
+            self._expect(key)
         served = self._remember(self.served, key)
         held = self.held.get(key, ())
         for hop in targets:
@@ -296,19 +318,73 @@ class SecureForwarding:
     def _split_toward(self, hop: VNHop, publisher: str, seq: int, record: ShareRecord) -> None:
         subs = self.split(record, hop.size)
         self.stats.shares_split += 1
+        outbox = self._outbox
         for broker_id, conn in hop.members.items():
             if conn.closing:
                 continue
             for sub in self.recipients_of(subs, self.neighbours[broker_id].replica):
-                conn.send(Share(publisher, seq, pack_record(sub)))
-                self.stats.shares_forwarded += 1
+                outbox.append((conn, publisher, seq, sub))
+        if not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Seal this pass's splits with one signature and send their sub-shares."""
+        self._flushing = False
+        outbox, self._outbox = self._outbox, []
+        sealed = self.batch.seal() if self.batch is not None else {}
+        stats = self.stats
+        for conn, publisher, seq, sub in outbox:
+            if conn.closing:
+                continue
+            cert = sealed.get(sub.certs[-1])
+            record = sub if cert is None else replace(sub, certs=(*sub.certs[:-1], cert))
+            conn.send(Share(publisher, seq, pack_record(record)))
+            stats.shares_forwarded += 1
+
+    # -- silence -----------------------------------------------------------------------------
+
+    def _expect(self, key: tuple[str, int]) -> None:
+        """Judge the upstream replicas' silence about ``key`` once the deadline passed."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._deadlines.append((loop.time() + SILENCE_DEADLINE, key))
+        if not self._sweeping:
+            self._sweeping = True
+            loop.call_later(SILENCE_DEADLINE, self._sweep)
+
+    def _sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, key = deadlines.popleft()
+            self.judge_silence(key)
+        if deadlines:
+            loop.call_later(max(0.0, deadlines[0][0] - now), self._sweep)
+        else:
+            self._sweeping = False
+
+    def judge_silence(self, key: tuple[str, int]) -> None:
+        """Blame every upstream replica that sent no share of ``key`` on an agreed path.
+
+        Sound because each honest upstream replica holds a share of every epoch routed to
+        this VN (at most f per VN are Byzantine) and sends it as soon as it routes the content.
+        """
+        for inbox in self.inboxes.get(key, {}).values():
+            for blame in inbox.silent():
+                self._blame(key, blame.broker, f"{blame.fault}: {blame.detail}", blame.broker)
 
     # -- hooks (wrapped by broker.daemon.faults on a Byzantine test broker) -----------------
 
     def split(self, record: ShareRecord, r: int) -> list[ShareRecord]:
-        """Re-split one held share for a next-hop VN of ``r`` replicas; item j is replica j's."""
-        assert self.signer is not None
-        return resplit(record, threshold_for(r), r, self.signer)
+        """Re-split one held share for a next-hop VN of ``r`` replicas; item j is replica j's.
+
+        The sub-shares' certificate is sealed with this pass's batch when it is flushed."""
+        assert self.batch is not None
+        return self.batch.split(record, threshold_for(r), r)
 
     def recipients_of(self, subs: list[ShareRecord], replica: int) -> list[ShareRecord]:
         """The sub-shares replica ``replica`` of the next-hop VN is sent: its own."""

@@ -29,6 +29,7 @@ from security.propagation import (
     ShareInbox,
     ShareRecord,
     SplitCert,
+    cert_digest,
     coalition_key,
     commitment,
     confidentiality_free,
@@ -36,6 +37,7 @@ from security.propagation import (
     publisher_split,
     reconstruct,
     resplit,
+    seal_certs,
     silent_senders,
     threshold_for,
     unpack_record,
@@ -116,8 +118,9 @@ def _inconsistent_split(record: ShareRecord, k: int, r: int, signer: Signer) -> 
         signer.id,
         tuple(commitment(salt + data) for salt, data in zip(salts, datas, strict=True)),
         b"",
+        cert_digest(record.certs[-1]),
     )
-    cert = dataclasses.replace(unsigned, signature=signer.sign(unsigned.signed_bytes()))
+    [cert] = seal_certs([unsigned], signer)
     return [
         ShareRecord(record.pub_id, (*record.lineage, j), (*record.certs, cert), salts[j], datas[j])
         for j in range(r)
