@@ -10,15 +10,22 @@ events and timers and does the I/O.
 Steps travel in ``RECONF [op, data]`` frames: :func:`parse_step` turns one into a typed
 step (every field checked, errors naming the field), :meth:`Step.to_data` back. Every step
 is answered by a :class:`Reply`.
+
+The coordinator is not trusted (see ``broker.daemon.reconfig_agent``): :func:`plan_problem`
+is a member's check of a plan against its own view, :func:`plan_digest` and
+:func:`tables_digest` are what replicas compare through the drain markers, and
+:func:`vouch_quorum` is how many replicas of the master VN must vouch for a table.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from overlay.tree import Link
+from overlay.tree import Link, link
 from security.errors import InvalidRequest
 
 STEPS: Final = (
@@ -157,6 +164,90 @@ def _parse_prepare(round_id: str, data: Mapping[str, Any]) -> Prepare:
     )
 
 
+def plan_problem(step: Prepare, vn: str, neighbours: Iterable[str]) -> str | None:
+    """Why the member VN ``vn``, whose neighbour VNs are ``neighbours`` now, must refuse the
+    plan ``step``; None when the plan is sound as far as this member can see.
+
+    Sound means: the neighbourhood is the master VN and VNs adjacent to it (at the master:
+    exactly its neighbours, none dropped, none added; elsewhere: the master is a neighbour
+    and no other VN of the neighbourhood is), and the links form one spanning tree over
+    exactly those VNs (no link leaves it, none repeats, no cycle, nobody cut off).
+    """
+    hood = list(step.hood)
+    members = set(hood)
+    if len(members) != len(hood):
+        twice = sorted({v for v in hood if hood.count(v) > 1})
+        return f"the neighbourhood lists {', '.join(twice)} twice"
+    if vn not in members:
+        return f"VN {vn} is not in the neighbourhood {sorted(members)}"
+    mine = set(neighbours)
+    if vn == step.master:
+        dropped, strangers = mine - members, members - mine - {vn}
+        if dropped:
+            return f"the plan drops neighbour VN {', '.join(sorted(dropped))} of master {vn}"
+        if strangers:
+            return f"VN {', '.join(sorted(strangers))} is not a neighbour of master {vn}"
+    else:
+        if step.master not in mine:
+            return f"master {step.master} is not a neighbour of VN {vn}"
+        also = (mine & members) - {step.master}
+        if also:
+            return (
+                f"VN {', '.join(sorted(also))} is already a neighbour of {vn}: "
+                f"the neighbourhood is not a star around {step.master}"
+            )
+    parent = {v: v for v in members}
+
+    def root(v: str) -> str:
+        while parent[v] != v:
+            parent[v] = parent[parent[v]]
+            v = parent[v]
+        return v
+
+    seen: set[Link] = set()
+    for a, b in step.links:
+        name = f"{a}-{b}"
+        if a == b:
+            return f"link {name} joins VN {a} to itself"
+        outside = [v for v in (a, b) if v not in members]
+        if outside:
+            return f"link {name} leaves the neighbourhood ({outside[0]} is not in it)"
+        if link(a, b) in seen:
+            return f"link {name} appears twice"
+        seen.add(link(a, b))
+        ra, rb = root(a), root(b)
+        if ra == rb:
+            return f"link {name} closes a cycle"
+        parent[ra] = rb
+    cut = sorted(v for v in members if root(v) != root(step.master))
+    if cut:
+        return f"VN {', '.join(cut)} is cut off from master {step.master}"
+    return None
+
+
+def plan_digest(step: Prepare) -> str:
+    """A plan's fingerprint (round, master, neighbourhood, links; order does not count)."""
+    links = sorted(link(a, b) for a, b in step.links)
+    return _digest([step.round, step.master, sorted(step.hood), links])
+
+
+def tables_digest(round_id: str, held: Mapping[str, Any], sent: Mapping[str, Any]) -> str:
+    """The fingerprint of one VN's new tables in wire form (as :class:`Install` carries
+    them): equal tables give equal digests in every process."""
+    return _digest([round_id, held, sent])
+
+
+def _digest(value: object) -> str:
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), default=repr)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def vouch_quorum(vn_size: int) -> int:
+    """Replicas of a VN of ``vn_size`` that must vouch for a table: ``f + 1``, so at least
+    one of them is honest."""
+    return (vn_size - 1) // 2 + 1
+
+
 @dataclass
 class Lease:
     """A neighbourhood lock this broker granted."""
@@ -176,7 +267,10 @@ class Pending:
     new_neighbours: set[str]
     added: set[str]
     removed: set[str]
+    links: tuple[Link, ...] = ()
+    digest: str = ""
     frozen: bool = False
+    drained: bool = False
     installed: bool = False
 
 
@@ -216,7 +310,9 @@ class MemberRounds:
             return Reply(False, f"{self.me} is locked by master {self.lease.master}")
         if coordinating is not None and coordinating != step.round:
             return Reply(False, f"{self.me} is master of its own round")
-        self.lease = Lease(step.round, step.master, now + step.lease)
+        if self.lease is None:
+            # Asked again, the lease is not extended: no master holds a member past one lease.
+            self.lease = Lease(step.round, step.master, now + step.lease)
         return OK
 
     def expired(self, now: float) -> Lease | None:
@@ -230,11 +326,32 @@ class MemberRounds:
             return Reply(False, f"{self.me} holds no lock for round {round_id}")
         return None
 
-    def prepare(self, step: Prepare, vn: str, current: Iterable[str]) -> Pending:
-        """Accept the plan: which neighbour VNs this broker's VN gains and loses."""
+    def prepare(self, step: Prepare, vn: str, current: Iterable[str]) -> Pending | Reply:
+        """Accept the plan if it is sound from here (:func:`plan_problem`): which neighbour
+        VNs this broker's VN gains and loses. Otherwise the refusal, naming why."""
+        lease = self.lease
+        if lease is not None and lease.master != step.master:
+            return Reply(
+                False,
+                f"{self.me} refuses the plan: it names master {step.master}, "
+                f"the lock was granted to {lease.master}",
+            )
+        current = set(current)
+        problem = plan_problem(step, vn, current)
+        if problem is not None:
+            return Reply(False, f"{self.me} refuses the plan: {problem}")
         new = {y for x, y in step.links if x == vn} | {x for x, y in step.links if y == vn}
-        old = set(current) & set(step.hood)
-        self.pending = Pending(step.round, step.master, set(step.hood), new, new - old, old - new)
+        old = current & set(step.hood)
+        self.pending = Pending(
+            step.round,
+            step.master,
+            set(step.hood),
+            new,
+            new - old,
+            old - new,
+            links=step.links,
+            digest=plan_digest(step),
+        )
         return self.pending
 
     def prepared(self, round_id: str) -> Pending | Reply:
@@ -252,20 +369,31 @@ class MemberRounds:
 
 @dataclass
 class MarkerBook:
-    """Drain markers received per round: ``(wave, sender)``."""
+    """Markers received per round: ``(wave, sender)`` and the digest the marker carried
+    (the plan's in drain waves 1 and 2, the receiver's tables' in wave 3, the vouch)."""
 
-    seen: dict[str, set[tuple[int, str]]] = field(default_factory=dict)
+    seen: dict[str, dict[tuple[int, str], str]] = field(default_factory=dict)
 
-    def record(self, round_id: str, wave: int, sender: str) -> None:
-        self.seen.setdefault(round_id, set()).add((wave, sender))
+    def record(self, round_id: str, wave: int, sender: str, digest: str = "") -> None:
+        self.seen.setdefault(round_id, {})[(wave, sender)] = digest
 
     def missing(
         self, round_id: str, wave: int, peers: Iterable[str], live: Iterable[str]
     ) -> set[str]:
         """Peers whose link is still up and whose marker of ``wave`` has not come."""
-        got = {p for w, p in self.seen.get(round_id, ()) if w == wave}
+        got = {p for w, p in self.seen.get(round_id, {}) if w == wave}
         up = set(live)
         return {p for p in peers if p not in got and p in up}
+
+    def disagreeing(self, round_id: str, wave: int, digest: str) -> set[str]:
+        """Senders whose marker of ``wave`` carried another digest than ``digest``."""
+        got = self.seen.get(round_id, {})
+        return {p for (w, p), d in got.items() if w == wave and d != digest}
+
+    def vouchers(self, round_id: str, wave: int, digest: str, among: Iterable[str]) -> set[str]:
+        """Senders in ``among`` whose marker of ``wave`` carried ``digest``."""
+        got = self.seen.get(round_id, {})
+        return {p for p in among if got.get((wave, p)) == digest}
 
     def forget(self, round_id: str) -> None:
         self.seen.pop(round_id, None)
