@@ -2,8 +2,9 @@
 
 Every ``interval`` (jittered) a broker whose VN has at least two neighbour VNs may act as
 master. Its *coordinator* is the lowest-numbered live replica of the VN (a replica defers
-while a lower sibling answers a control connection). That is crash-tolerant leadership; it
-does not defend against a Byzantine coordinator. The coordinator runs one round over the
+while a lower sibling answers a control connection): crash-tolerant leadership. The
+coordinator is not trusted with the outcome (see "A Byzantine coordinator" below); it
+only drives the steps. It runs one round over the
 neighbourhood: the master VN plus its neighbour VNs, every replica of each. It talks to
 each member broker over a short-lived *control connection* (HELLO with ``control``), one
 ``RECONF`` request and reply per step:
@@ -13,26 +14,63 @@ each member broker over a short-lived *control connection* (HELLO with ``control
    its next (jittered) turn. A lease expires on its own (a timer) if its master goes silent.
 2. The coordinator plans from the traffic classes it counted since its last window
    (:mod:`reconfig.ocbr`); without a cheaper tree it unlocks and stops here.
-3. ``prepare`` then ``connect``: members first accept the plan's new neighbours, then
-   open the new links in *standby*: connected, not routed over. (Two steps, so no
-   dialler reaches an acceptor that does not expect it yet.)
+3. ``prepare`` then ``connect``: members first check the plan against their own view and
+   accept its new neighbours, then open the new links in *standby*: connected, not routed
+   over. (Two steps, so no dialler reaches an acceptor that does not expect it yet.)
 4. ``freeze``: members stop reading from local clients and from links that leave the
    neighbourhood (TCP holds that traffic back; nothing is dropped) and drain the old
    links in two waves of in-band markers. Neighbours mark their links to the master;
    once the master has every wave-1 marker, every publication sent to it has been
    routed, and it answers with wave-2 markers. A neighbour holding every wave-2 marker
    has routed everything the master sent it. Nothing moves in the neighbourhood then.
-5. ``install``: the coordinator, whose star carried every entry that crosses the
-   neighbourhood, computes what each link of the new tree carries
-   (:func:`broker.routing.router.hood_routing`). Every member installs the same tables
-   without messages; links leaving the neighbourhood hear only of entries a member gained
-   or lost outright (SPEC §5: nothing else changes outside).
+   Every marker carries the digest of the plan its sender prepared.
+5. ``install``: every replica of the master VN, whose star carried every entry that crosses
+   the neighbourhood, computes what each link of the new tree carries
+   (:func:`broker.routing.router.hood_routing`), installs its own VN's tables and sends
+   each other member its VN's tables in a wave-3 marker (a *vouch*). The other members
+   install tables that ``f + 1`` replicas of the master VN vouched for. Links leaving the
+   neighbourhood hear only of entries a member gained or lost outright (SPEC §5: nothing
+   else changes outside).
 6. ``resume``: members read again, close the removed links and release the lock.
 
 Publications held back by the freeze are routed afterwards on the new tree, so none is
 lost or duplicated. Per-publisher order holds too: every earlier publication has left the
-neighbourhood's links before a later one is read. Every replica of a VN receives the same
-plan and tables from the coordinator, so the replicas of a VN switch together.
+neighbourhood's links before a later one is read.
+
+A Byzantine coordinator (or any f replicas of a VN of 2f + 1) cannot make an honest broker
+install a wrong plan, wrong links or wrong routing tables. The rule, in three parts:
+
+* **Each member checks the plan against its own view** before it acts
+  (:func:`reconfig.live.plan_problem`): the plan names the master it granted its lock to;
+  the neighbourhood is the master VN and VNs adjacent to it (at a replica of the master VN:
+  exactly its neighbour VNs, none dropped and none added; elsewhere: the master is a
+  neighbour and no other VN of the neighbourhood is); the links form one spanning tree over
+  exactly those VNs (none leaves it, none repeats, no cycle, nobody cut off). A refusal is
+  the step's error, naming the member and why; the round aborts and nothing changed.
+  Replacing the star of a tree by any spanning tree over the same VNs leaves a tree over
+  all VNs, every VN with its own replicas, so a plan the master VN's honest replicas accept
+  is a valid rearrangement (it may not be the cheapest: the search is the coordinator's).
+* **Every honest member holds the same plan before anything is routed differently**: the
+  drain markers carry the plan's digest, a replica of the master VN sends no wave-2 marker
+  unless every wave-1 marker matched its plan, and a member whose markers disagree refuses
+  the freeze. Every replica of the master VN is linked to every replica of each neighbour
+  VN, so a plan equivocated to some members stops the round for all; a member installs
+  only after its freeze succeeded.
+* **No member installs tables only the coordinator computed**: replicas of the master VN
+  compute their own (the star's entries are the same at every honest replica once the
+  neighbourhood is drained, and ``hood_routing`` is deterministic); every other member
+  installs the tables ``f + 1`` distinct replicas of the master VN vouched for over their
+  broker links (:func:`reconfig.live.vouch_quorum`), at least one of them honest. The
+  coordinator's ``install`` tables only break a tie; a mismatch is logged.
+
+Traffic is held back at most one lease per lock: asking again for a lock does not extend
+it, and ``unlock`` after ``prepare`` undoes the round like ``abort``.
+
+What a Byzantine coordinator can still do is deny service: refuse to run rounds, propose
+trees that do not lower the cost, or, as a crashed one can, leave a round half-applied by
+sending ``install`` to some members and not others (those abort when their lease ends).
+A Byzantine replica of a neighbour VN can make rounds abort (wrong marker digests).
+``broker.daemon.reconfig_faults`` holds Byzantine coordinators for tests.
 
 The agent sees the broker only through :class:`Neighbourhood`; waits are on events (a link
 came up or went down, a marker arrived) and timers (lease expiry), never on polling.
@@ -81,6 +119,8 @@ from reconfig.live import (
     RoundStats,
     Step,
     parse_step,
+    tables_digest,
+    vouch_quorum,
 )
 from reconfig.ocbr import TabuParams, plan_view
 from security.errors import ProtocolError, TrellisError
@@ -88,6 +128,11 @@ from security.errors import ProtocolError, TrellisError
 log = logging.getLogger("trellis.reconfig")
 
 Tables = dict[str, tuple[dict[str, Filter], dict[str, Filter]]]
+WireTables = dict[str, tuple[dict[str, Any], dict[str, Any]]]
+
+# Marker waves: 1 and 2 drain the old links and carry the plan's digest; 3 is a master
+# replica's vouch for one neighbour VN's new tables.
+VOUCH = 3
 
 
 class Neighbourhood(Protocol):
@@ -226,6 +271,8 @@ class ReconfigAgent:
         )
         self.member = MemberRounds(hood.broker_id)
         self.markers = MarkerBook()
+        # Tables vouched for by master replicas (marker wave 3): round -> digest -> tables.
+        self._vouched: dict[str, dict[str, tuple[Mapping[str, Any], Mapping[str, Any]]]] = {}
         self.coordinating: str | None = None
         self.stats = RoundStats()
         self.history: deque[dict[str, Any]] = deque(maxlen=200)
@@ -342,22 +389,29 @@ class ReconfigAgent:
             await self.handle(unlock)
             self.stats.no_plan += 1
             return "no cheaper tree"
-        new_links = sorted((view.star() - set(plan.change.remove)) | set(plan.change.add))
+        honest = sorted((view.star() - set(plan.change.remove)) | set(plan.change.add))
+        proposed, new_links = self.propose_plan(hood, honest)
         record.update(plan.to_dict())
         record["new_neighbourhood"] = new_links
-        prepare = Prepare("prepare", round_id, h.vn, tuple(hood), tuple(new_links))
-        if not await self._step(channels, prepare) or not await self._step(
-            channels, Step("connect", round_id)
-        ):
+        prepare = Prepare("prepare", round_id, h.vn, tuple(proposed), tuple(new_links))
+        refused = await self._step(channels, prepare)
+        if refused:
+            record["refusals"] = refused
+            await self._abort_all(channels, round_id)
+            return f"aborted: plan refused: {refused[0]}"
+        if await self._step(channels, Step("connect", round_id)):
             await self._abort_all(channels, round_id)
             return "aborted: new links did not come up"
-        if not await self._step(channels, Step("freeze", round_id)):
+        if await self._step(channels, Step("freeze", round_id)):
             await self._abort_all(channels, round_id)
             return "aborted: the neighbourhood did not drain"
-        tables = await self.tables(new_links)
-        installs = [self.handle(Install("install", round_id, *tables[h.vn]))]
+        tables = self.propose_tables(await self.tables(new_links))
+        empty: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
+        installs = [self.handle(Install("install", round_id, *tables.get(h.vn, empty)))]
         installs += [
-            self._call(c, Install("install", round_id, *tables[h.directory[c.peer].vn_id]))
+            self._call(
+                c, Install("install", round_id, *tables.get(h.directory[c.peer].vn_id, empty))
+            )
             for c in channels
         ]
         results = await asyncio.gather(*installs)
@@ -372,13 +426,24 @@ class ReconfigAgent:
         self.stats.last_cost_after = plan.cost_after
         return "applied"
 
-    async def _step(self, channels: list[ControlChannel], step: Step) -> bool:
-        """Run one step at every member, this broker included, concurrently."""
+    def propose_plan(self, hood: list[str], planned: list[Link]) -> tuple[list[str], list[Link]]:
+        """The neighbourhood and links this coordinator proposes (the plan's, when
+        honest; :mod:`broker.daemon.reconfig_faults` overrides it)."""
+        return hood, planned
+
+    def propose_tables(self, tables: WireTables) -> WireTables:
+        """The tables this coordinator sends each VN (those it computed, when honest).
+        Members do not install them as sent: they check them against their own."""
+        return tables
+
+    async def _step(self, channels: list[ControlChannel], step: Step) -> list[str]:
+        """Run one step at every member, this broker included, concurrently; the
+        members' refusals (none when every member did it)."""
         mine, theirs = await asyncio.gather(self.handle(step), self._all(channels, step))
         problems = [r.error for r in [mine, *theirs] if not r.ok]
         if problems:
             log.warning("%s failed: %s", step.op, problems)
-        return not problems
+        return problems
 
     async def _abort_all(self, channels: list[ControlChannel], round_id: str) -> None:
         self.stats.aborted += 1
@@ -444,9 +509,7 @@ class ReconfigAgent:
             classes=MappingProxyType(classes),
         )
 
-    async def tables(
-        self, new_links: list[Link]
-    ) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    async def tables(self, new_links: Sequence[Link]) -> WireTables:
         """Per VN of the neighbourhood: what it holds from, and sends to, each neighbour
         on the new tree, in wire form (computed off the loop from a snapshot of the
         router, which the freeze keeps still anyway)."""
@@ -454,7 +517,7 @@ class ReconfigAgent:
         carried = await asyncio.to_thread(
             hood_routing, adverts, subs, new_links, covering=self.hood.covering
         )
-        tables: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+        tables: WireTables = {}
         for (x, y), (advs, sbs) in carried.items():
             wire_advs = {k: f.to_wire() for k, f in advs.items()}
             wire_subs = {k: f.to_wire() for k, f in sbs.items()}
@@ -491,7 +554,15 @@ class ReconfigAgent:
         wave = data.get("wave")
         if type(wave) is not int:
             raise ProtocolError("RECONF marker field 'wave' must be an integer")
-        self.markers.record(str(data.get("round")), wave, sender)
+        round_id, digest = str(data.get("round")), str(data.get("digest", ""))
+        if wave == VOUCH:
+            held, sent = data.get("held"), data.get("sent")
+            if not isinstance(held, dict) or not isinstance(sent, dict):
+                raise ProtocolError("RECONF marker of wave 3 must carry 'held' and 'sent' maps")
+            if tables_digest(round_id, held, sent) != digest:
+                raise ProtocolError("RECONF marker of wave 3: tables do not match their digest")
+            self._vouched.setdefault(round_id, {})[digest] = (held, sent)
+        self.markers.record(round_id, wave, sender, digest)
         self.links_changed()
 
     async def handle(self, step: Step) -> Reply:
@@ -504,8 +575,9 @@ class ReconfigAgent:
                 enabled=self.settings.enabled,
                 coordinating=self.coordinating,
             )
-            if reply.ok:
-                self._arm_lease_timer(step.lease)
+            lease = self.member.lease
+            if reply.ok and lease is not None:
+                self._arm_lease_timer(lease.expires - time.monotonic())
             return reply
         if step.op == "abort":
             self.abort(step.round)
@@ -514,11 +586,10 @@ class ReconfigAgent:
         if refusal is not None:
             return refusal
         if step.op == "unlock":
-            self._release()
+            self.abort(step.round)  # after prepare, unlocking also undoes the round
             return OK
         if isinstance(step, Prepare):
-            self._prepare(step)
-            return OK
+            return self._prepare(step)
         pending = self.member.prepared(step.round)
         if isinstance(pending, Reply):
             return pending
@@ -547,12 +618,17 @@ class ReconfigAgent:
             self._lease_timer.cancel()
             self._lease_timer = None
 
-    def _prepare(self, step: Prepare) -> None:
-        """Accept the plan's new neighbours of this broker's VN (in standby)."""
+    def _prepare(self, step: Prepare) -> Reply:
+        """Check the plan against this broker's own view; if sound, accept its new
+        neighbours of this broker's VN (in standby)."""
         h = self.hood
         pending = self.member.prepare(step, h.vn, h.neighbour_vns())
+        if isinstance(pending, Reply):
+            log.warning("round %s: %s", step.round, pending.error)
+            return pending
         self.markers.forget(step.round)
         h.accept_standby(pending.added)
+        return OK
 
     async def _connect(self, pending: Pending, step: Step) -> Reply:
         """Open the new links (this side dials those to larger ids) and wait for all."""
@@ -577,18 +653,26 @@ class ReconfigAgent:
         if h.vn == pending.master:
             old = {p for p in h.link_ids() if h.linked_vn(p) in pending.hood - standby}
             ok = await self._markers_from(pending.round, 1, old)
-            self._send_markers(pending.round, 2, old)
+            other = self.markers.disagreeing(pending.round, 1, pending.digest)
+            if ok and not other:
+                # No wave 2 for a plan some member does not share: nobody drains into it.
+                self._send_markers(pending.round, 2, old, pending.digest)
         else:
             old = {p for p in h.link_ids() if h.linked_vn(p) == pending.master}
-            self._send_markers(pending.round, 1, old)
+            self._send_markers(pending.round, 1, old, pending.digest)
             ok = await self._markers_from(pending.round, 2, old)
+            other = self.markers.disagreeing(pending.round, 2, pending.digest)
+        if other:
+            return Reply(False, f"{h.broker_id}: {', '.join(sorted(other))} prepared another plan")
         if not ok:
             return Reply(False, f"{h.broker_id}: drain markers missing")
+        pending.drained = True
         return OK
 
-    def _send_markers(self, round_id: str, wave: int, peers: set[str]) -> None:
+    def _send_markers(self, round_id: str, wave: int, peers: set[str], digest: str) -> None:
+        marker = Reconf("marker", {"round": round_id, "wave": wave, "digest": digest})
         for peer in peers:
-            self.hood.send_on_link(peer, Reconf("marker", {"round": round_id, "wave": wave}))
+            self.hood.send_on_link(peer, marker)
         self.hood.flush()
 
     async def _markers_from(self, round_id: str, wave: int, peers: set[str]) -> bool:
@@ -599,19 +683,98 @@ class ReconfigAgent:
         )
 
     async def _install(self, pending: Pending, step: Step) -> Reply:
-        """Switch the neighbourhood's routing state to the planned tree."""
+        """Switch the neighbourhood's routing state to the planned tree, with tables this
+        broker computed (a replica of the master VN) or that f + 1 replicas of the master
+        VN vouched for (any other member), never tables only the coordinator sent."""
         assert isinstance(step, Install)
+        h = self.hood
+        if not pending.drained:
+            return Reply(False, f"{h.broker_id} has not drained round {pending.round}")
+        offered = tables_digest(pending.round, step.held, step.sent)
+        wire_held: Mapping[str, Any]
+        wire_sent: Mapping[str, Any]
+        if h.vn == pending.master:
+            tables = await self.tables(pending.links)
+            self._vouch(pending, tables)
+            wire_held, wire_sent = tables.get(h.vn, ({}, {}))
+            if tables_digest(pending.round, wire_held, wire_sent) != offered:
+                log.warning(
+                    "round %s: the coordinator's tables for %s differ from this replica's;"
+                    " installing its own",
+                    pending.round,
+                    h.vn,
+                )
+        else:
+            chosen = await self._vouched_tables(pending, offered)
+            if isinstance(chosen, Reply):
+                return chosen
+            wire_held, wire_sent = chosen
+            if tables_digest(pending.round, wire_held, wire_sent) != offered:
+                log.warning(
+                    "round %s: the coordinator's tables differ from those vouched for;"
+                    " installing the vouched ones",
+                    pending.round,
+                )
         held: Tables = {
-            vn: (_filters(entry["adv"]), _filters(entry["sub"])) for vn, entry in step.held.items()
+            vn: (_filters(entry["adv"]), _filters(entry["sub"])) for vn, entry in wire_held.items()
         }
-        sent = {vn: _filters(subs) for vn, subs in step.sent.items()}
-        self.hood.end_standby(pending.added)
-        self.hood.install_hood(pending.hood, pending.new_neighbours, held, sent)
-        self.hood.flush()
+        sent = {vn: _filters(subs) for vn, subs in wire_sent.items()}
+        h.end_standby(pending.added)
+        h.install_hood(pending.hood, pending.new_neighbours, held, sent)
+        h.flush()
         pending.installed = True
         return OK
 
+    def _vouch(self, pending: Pending, tables: WireTables) -> None:
+        """Send every member of the other VNs the tables this master replica computed for
+        its VN (marker wave 3), over the old links, which are still up."""
+        h = self.hood
+        for peer in h.link_ids():
+            vn = h.linked_vn(peer)
+            if vn is None or vn == h.vn or vn not in pending.hood:
+                continue
+            held, sent = tables.get(vn, ({}, {}))
+            data = {
+                "round": pending.round,
+                "wave": VOUCH,
+                "digest": tables_digest(pending.round, held, sent),
+                "held": held,
+                "sent": sent,
+            }
+            h.send_on_link(peer, Reconf("marker", data))
+        h.flush()
+
+    async def _vouched_tables(
+        self, pending: Pending, offered: str
+    ) -> tuple[Mapping[str, Any], Mapping[str, Any]] | Reply:
+        """Tables for this VN that f + 1 distinct replicas of the master VN vouched for
+        (the coordinator's choice first, if it is one of them)."""
+        h = self.hood
+        replicas = [n for n in h.directory.values() if n.vn_id == pending.master]
+        need = vouch_quorum(max((n.vn_size for n in replicas), default=1))
+        peers = {n.id for n in replicas}
+
+        def quorate() -> list[str]:
+            digests = sorted(self._vouched.get(pending.round, {}))
+            return [
+                d
+                for d in sorted(digests, key=lambda d: d != offered)  # stable: offered first
+                if len(self.markers.vouchers(pending.round, VOUCH, d, peers)) >= need
+            ]
+
+        if not await self._until(lambda: bool(quorate()), self.settings.step_timeout):
+            return Reply(
+                False,
+                f"{h.broker_id}: no tables for {h.vn} vouched for by {need} replicas of "
+                f"master {pending.master}",
+            )
+        return self._vouched[pending.round][quorate()[0]]
+
     async def _resume(self, pending: Pending, step: Step) -> Reply:
+        if not pending.installed:
+            # Nothing new to route on: going back is the only consistent way out.
+            self.abort(pending.round)
+            return Reply(False, f"{self.hood.broker_id} had not installed; round undone")
         self.resume(pending)
         await self.persist_links()
         return OK
@@ -641,6 +804,7 @@ class ReconfigAgent:
         if pending.added or pending.removed:
             self.start_window()
         self.markers.forget(pending.round)
+        self._vouched.pop(pending.round, None)
         self._release()
 
     def abort(self, round_id: str) -> None:
@@ -661,6 +825,7 @@ class ReconfigAgent:
         h.announce_links()
         h.flush()
         self.markers.forget(round_id)
+        self._vouched.pop(round_id, None)
         self._release()
 
     def describe(self) -> dict[str, Any]:
