@@ -164,9 +164,9 @@ class BrokerConfig(BaseModel):
     vn: str | None = Field(None, description="this broker's virtual node (default: its id)")
     replica: int = Field(0, ge=0, description="this broker's index among its VN's replicas")
     vn_size: int = Field(1, ge=1, le=64, description="number of replicas of this broker's VN")
-    byzantine: Literal["none", "drop", "corrupt", "equivocate", "collude"] = Field(
-        "none", description="fault injection for tests and demos: misbehave as named"
-    )
+    byzantine: Literal[
+        "none", "drop", "corrupt", "equivocate", "collude", "misplan", "mistable"
+    ] = Field("none", description="fault injection for tests and demos: misbehave as named")
     manifest: Path | None = Field(
         None, description="overlay manifest (VN members and public keys) for confidential traffic"
     )

@@ -39,7 +39,8 @@ from broker.daemon.config import BrokerConfig, NeighbourConfig, vn_of
 from broker.daemon.faults import build_forwarding
 from broker.daemon.hops import Hop, VNHop
 from broker.daemon.links import LinkStates, load_saved_links, save_links
-from broker.daemon.reconfig_agent import ReconfigAgent, Tables
+from broker.daemon.reconfig_agent import Tables
+from broker.daemon.reconfig_faults import reconfig_agent
 from broker.daemon.stats import BrokerStats
 from broker.language.filters import Filter
 from broker.routing.router import Owned, Router
@@ -411,7 +412,7 @@ class Broker:
         self.stats = BrokerStats()
         self.forwarder = build_forwarding(config, self.vn, self.router, self.stats, self.neighbours)
         self.shares = self.forwarder.shares
-        self.reconfig = ReconfigAgent(self, config.reconfig)
+        self.reconfig = reconfig_agent(self, config)
 
     def save_links(self) -> None:
         """Record the current neighbours in ``links_file`` (blocking: call off the loop)."""

@@ -1,0 +1,111 @@
+"""A Byzantine reconfiguration coordinator on demand, for tests: what it can and cannot do.
+
+``byzantine = misplan`` or ``mistable`` in a broker's config makes the daemon build its
+reconfiguration agent from :class:`MisplanningAgent` or :class:`MistablingAgent`, which
+override the agent's proposal hooks. An honest broker never runs a line of this module.
+
+A misplanning coordinator takes its master turns like an honest one (lock, plan from its
+traffic) and then proposes, round after round, one of three wrong plans:
+
+* ``cycle``: the honest tree plus one more link, closing a cycle;
+* ``drop``: a tree over the neighbourhood without one of the master's neighbour VNs;
+* ``stranger``: the honest tree plus a link from the master to a VN outside the
+  neighbourhood (one of its directory, or a made-up one).
+
+It also sends every member empty tables at install. It accepts its own plans (it does not
+check them, as an honest member would); every honest member checks them against its own
+view and refuses (:func:`reconfig.live.plan_problem`), so the round aborts.
+
+A mistabling coordinator proposes the honest plan and sends every member wrong tables at
+install: each VN's subscriptions all held from one neighbour (or none, with one), which would
+route publications away from their subscribers. Members never install tables only the
+coordinator sent (replicas of the master VN compute their own; the others take what f + 1
+of them vouched for), so the round applies the plan with the right tables.
+"""
+
+from __future__ import annotations
+
+from broker.daemon.config import BrokerConfig
+from broker.daemon.reconfig_agent import Neighbourhood, ReconfigAgent, WireTables
+from overlay.tree import Link, link
+from reconfig.live import OK, Pending, Prepare, Reply, plan_digest
+
+MISPLANS = ("cycle", "drop", "stranger")
+
+
+class MisplanningAgent(ReconfigAgent):
+    """A coordinator that proposes wrong plans and wrong tables (``byzantine = misplan``)."""
+
+    def __init__(self, hood: Neighbourhood, config: BrokerConfig) -> None:
+        super().__init__(hood, config.reconfig)
+        self.proposals = 0
+
+    def propose_plan(self, hood: list[str], planned: list[Link]) -> tuple[list[str], list[Link]]:
+        kind = MISPLANS[self.proposals % len(MISPLANS)]
+        self.proposals += 1
+        master = self.hood.vn
+        if kind == "cycle":
+            present = {link(a, b) for a, b in planned}
+            extra = next(
+                link(a, b) for a in hood for b in hood if a < b and link(a, b) not in present
+            )
+            return hood, [*planned, extra]
+        if kind == "drop":
+            kept = hood[:-1]
+            return kept, [link(master, vn) for vn in kept if vn != master]
+        strangers = sorted(
+            n.vn_id for n in self.hood.directory.values() if n.vn_id not in set(hood)
+        )
+        far = strangers[0] if strangers else f"{master}-elsewhere"
+        return hood, [*planned, link(master, far)]
+
+    def propose_tables(self, tables: WireTables) -> WireTables:
+        return {vn: ({}, {}) for vn in tables}
+
+    def _prepare(self, step: Prepare) -> Reply:
+        if step.round != self.coordinating:
+            return super()._prepare(step)
+        # Its own plan: taken without the check an honest member makes.
+        h = self.hood
+        vn = h.vn
+        new = {b for a, b in step.links if a == vn} | {a for a, b in step.links if b == vn}
+        old = set(h.neighbour_vns()) & set(step.hood)
+        self.member.pending = Pending(
+            step.round,
+            step.master,
+            set(step.hood),
+            new,
+            new - old,
+            old - new,
+            links=step.links,
+            digest=plan_digest(step),
+        )
+        self.markers.forget(step.round)
+        return OK
+
+
+class MistablingAgent(ReconfigAgent):
+    """A coordinator that sends tables routing subscriptions away (``byzantine =
+    mistable``)."""
+
+    def propose_tables(self, tables: WireTables) -> WireTables:
+        wrong: WireTables = {}
+        for vn, (held, sent) in tables.items():
+            subs = {k: f for entry in held.values() for k, f in entry["sub"].items()}
+            sides = sorted(held)
+            moved = {
+                x: {"adv": entry["adv"], "sub": subs if x == sides[0] and len(sides) > 1 else {}}
+                for x, entry in held.items()
+            }
+            wrong[vn] = (moved, {y: {} for y in sent})
+        return wrong
+
+
+def reconfig_agent(hood: Neighbourhood, config: BrokerConfig) -> ReconfigAgent:
+    """The broker's reconfiguration agent: honest, or Byzantine for ``byzantine =
+    misplan`` or ``mistable``."""
+    if config.byzantine == "misplan":
+        return MisplanningAgent(hood, config)
+    if config.byzantine == "mistable":
+        return MistablingAgent(hood, config.reconfig)
+    return ReconfigAgent(hood, config.reconfig)

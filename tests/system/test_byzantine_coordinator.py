@@ -1,0 +1,180 @@
+"""A Byzantine coordinator of live reconfiguration, with real broker processes (issue 11).
+
+The overlay is a line b0 - b1 - b2 - b3 (b0, b1, b2 of three replicas each); a publisher at b0
+streams to subscribers at b2 and b3, so b1 only relays and its coordinator, b1.0 (its lowest
+replica), has a cheaper tree to propose every turn. b1.0 is Byzantine:
+
+* ``misplan``: it proposes a tree with a cycle, one that drops a neighbour VN, one with a link
+  to a VN outside the neighbourhood. Every honest member refuses, naming why, each round
+  aborts, and no link or routing table changes.
+* ``mistable``: it proposes the honest plan but sends wrong tables at install. The plan is
+  applied with the tables the members computed or that f + 1 replicas of b1 vouched for.
+
+Either way every subscriber gets every publication exactly once, in order, byte for byte,
+including those published while the rounds ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from broker.client import Client
+from broker.tools.local import LocalOverlay, fetch_json
+from overlay.tree import line_tree
+
+pytestmark = pytest.mark.slow
+
+RECONFIG = {"enabled": True, "interval": 0.3, "jitter": 0.3, "min_traffic": 15}
+# b2 has two neighbour VNs too: it takes part in b1's rounds but takes no turn of its own.
+MEMBER_ONLY = {**RECONFIG, "interval": 1000.0}
+
+
+def start(run_overlay: Callable[..., LocalOverlay], mode: str) -> LocalOverlay:
+    return run_overlay(
+        line_tree(["b0", "b1", "b2", "b3"]),
+        replicas={"b0": 3, "b1": 3, "b2": 3},
+        overrides={
+            "b1.0": {"byzantine": mode},
+            **{b: {"reconfig": MEMBER_ONLY} for b in ("b2.0", "b2.1", "b2.2")},
+        },
+        heartbeat_interval=1.0,
+        reconfig=RECONFIG,
+    )
+
+
+def rounds_of(overlay: LocalOverlay, broker: str) -> list[dict[str, Any]]:
+    rounds: list[dict[str, Any]] = fetch_json(overlay.brokers[broker].admin_url + "/reconfig")[
+        "rounds"
+    ]
+    return rounds
+
+
+def routing_state(overlay: LocalOverlay) -> dict[str, tuple[int, int, list[str]]]:
+    """Per broker: SRT size, PRT size, live links."""
+    return {b: (h["srt"], h["prt"], h["links"]) for b, h in overlay.wait_quiet().items()}
+
+
+@dataclass
+class Stream:
+    """A publisher at b0 and subscribers at b2 and b3, publishing until told to stop."""
+
+    published: int = 0
+    received: dict[str, list[tuple[int, bytes]]] = field(default_factory=dict)
+
+
+async def stream_until(
+    overlay: LocalOverlay, stream: Stream, done: Callable[[], bool], timeout: float
+) -> None:
+    """Publish without pause until ``done()`` (checked off the loop) or ``timeout``; then
+    publish 100 more and wait until every subscriber has everything."""
+    async with (
+        Client(overlay.endpoints("b0"), client_id="pub") as pub,
+        Client(overlay.endpoints("b2"), client_id="sub2") as c2,
+        Client(overlay.endpoints("b3"), client_id="sub3") as c3,
+        c2.subscribe("class = 'q'") as s2,
+        c3.subscribe("class = 'q'") as s3,
+    ):
+        await pub.advertise("class = 'q'")
+        await asyncio.to_thread(overlay.wait_quiet)
+
+        async def collect(name: str, sub: Any) -> None:
+            got = stream.received.setdefault(name, [])
+            async for msg in sub:
+                got.append((msg.seq, msg.payload))
+
+        readers = [
+            asyncio.create_task(collect("sub2", s2)),
+            asyncio.create_task(collect("sub3", s3)),
+        ]
+
+        async def publish(n: int) -> None:
+            for _ in range(n):
+                stream.published += 1
+                i = stream.published
+                await pub.publish({"class": "q", "i": i}, f"quote {i}".encode(), ack=i % 25 == 0)
+                await asyncio.sleep(0.005)
+
+        started = time.monotonic()
+        while time.monotonic() - started < timeout and not await asyncio.to_thread(done):
+            await publish(40)
+        await publish(100)
+        await pub.drain()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(  # noqa: ASYNC110 - polls the readers
+            len(got) < stream.published for got in stream.received.values()
+        ):
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # a late duplicate would show up now
+        for task in readers:
+            task.cancel()
+
+
+def assert_exactly_once_in_order(overlay: LocalOverlay, stream: Stream) -> None:
+    expected = [(i, f"quote {i}".encode()) for i in range(1, stream.published + 1)]
+    assert set(stream.received) == {"sub2", "sub3"}
+    for name, got in stream.received.items():
+        pairs = enumerate(zip(got, expected, strict=False))
+        first = next((k for k, (a, b) in pairs if a != b), None)
+        assert got == expected, f"{name}: {len(got)} of {stream.published}, differs at {first}"
+    # No replica delivered a copy twice (the SDK would hide it).
+    health = overlay.health()
+    delivered = sum(health[b]["deliveries"] for b in ("b2.0", "b2.1", "b2.2", "b3"))
+    assert delivered == 4 * stream.published
+
+
+async def test_a_coordinator_proposing_wrong_plans_is_refused_and_traffic_continues(
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    overlay = start(run_overlay, "misplan")
+    tree_before = await asyncio.to_thread(overlay.live_tree)
+    stream = Stream()
+
+    def refused_each_kind() -> bool:
+        return len(rounds_of(overlay, "b1.0")) >= 3
+
+    await stream_until(overlay, stream, refused_each_kind, timeout=40)
+    rounds = await asyncio.to_thread(rounds_of, overlay, "b1.0")
+    assert len(rounds) >= 3, rounds
+    assert all(r["outcome"].startswith("aborted: plan refused: ") for r in rounds), rounds
+    refusals = [e for r in rounds for e in r["refusals"]]
+    # Honest members of every VN of the neighbourhood refused, each naming why.
+    for reason in ("closes a cycle", "drops neighbour VN b", "leaves the neighbourhood"):
+        assert any(reason in e for e in refusals), (reason, refusals)
+    refusers = {e.split(" ", 1)[0] for e in refusals}
+    assert {"b0.0", "b1.1", "b1.2", "b2.2"} <= refusers
+    assert "b1.0" not in refusers  # it does not check its own plans
+
+    # Nothing moved: the same tree, links and routing tables as before; no lock left.
+    assert await asyncio.to_thread(overlay.live_tree) == tree_before
+    state = await asyncio.to_thread(fetch_json, overlay.brokers["b1.0"].admin_url + "/reconfig")
+    assert state["applied"] == 0
+    for broker in overlay.broker_ids:
+        info = await asyncio.to_thread(fetch_json, overlay.brokers[broker].admin_url + "/reconfig")
+        assert info["locked_by"] is None, broker
+    assert_exactly_once_in_order(overlay, stream)
+
+
+async def test_tables_only_the_coordinator_sent_are_not_installed(
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    overlay = start(run_overlay, "mistable")
+    stream = Stream()
+
+    def applied() -> bool:
+        return any(r["outcome"] == "applied" for r in rounds_of(overlay, "b1.0"))
+
+    await stream_until(overlay, stream, applied, timeout=40)
+    assert await asyncio.to_thread(applied)
+    moved = await asyncio.to_thread(overlay.live_tree)
+    assert ("b0", "b2") in moved.links
+    assert_exactly_once_in_order(overlay, stream)
+    # Every replica of a VN installed the same tables (what the coordinator sent was wrong).
+    health = overlay.health()
+    for vn in ("b0", "b1", "b2"):
+        assert len({(health[b]["srt"], health[b]["prt"]) for b in overlay.replicas_of(vn)}) == 1
