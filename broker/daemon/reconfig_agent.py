@@ -556,6 +556,9 @@ class ReconfigAgent:
             raise ProtocolError("RECONF marker field 'wave' must be an integer")
         round_id, digest = str(data.get("round")), str(data.get("digest", ""))
         if wave == VOUCH:
+            pending = self.member.pending
+            if pending is None or pending.round != round_id:
+                return  # late, or not for a round of ours: nothing will read it
             held, sent = data.get("held"), data.get("sent")
             if not isinstance(held, dict) or not isinstance(sent, dict):
                 raise ProtocolError("RECONF marker of wave 3 must carry 'held' and 'sent' maps")

@@ -18,9 +18,10 @@ view and refuses (:func:`reconfig.live.plan_problem`), so the round aborts.
 
 A mistabling coordinator proposes the honest plan and sends every member wrong tables at
 install: each VN's subscriptions all held from one neighbour (or none, with one), which would
-route publications away from their subscribers. Members never install tables only the
-coordinator sent (replicas of the master VN compute their own; the others take what f + 1
-of them vouched for), so the round applies the plan with the right tables.
+route publications away from their subscribers; it vouches for those tables too. Members
+never install tables only the coordinator sent (replicas of the master VN compute their own;
+the others take what f + 1 of them vouched for), so the round applies the plan with the
+right tables.
 """
 
 from __future__ import annotations
@@ -86,7 +87,10 @@ class MisplanningAgent(ReconfigAgent):
 
 class MistablingAgent(ReconfigAgent):
     """A coordinator that sends tables routing subscriptions away (``byzantine =
-    mistable``)."""
+    mistable``), and vouches for them as a replica of the master VN."""
+
+    def _vouch(self, pending: Pending, tables: WireTables) -> None:
+        super()._vouch(pending, self.propose_tables(tables))
 
     def propose_tables(self, tables: WireTables) -> WireTables:
         wrong: WireTables = {}
