@@ -44,7 +44,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-__all__ = ["Blame", "ReplicatedStream"]
+__all__ = ["ALTERED", "FLOODING", "TWO_VERSIONS", "Blame", "ReplicatedStream"]
 
 S = TypeVar("S", bound=Hashable)
 T = TypeVar("T")
@@ -52,13 +52,29 @@ T = TypeVar("T")
 _RECENT = 128
 
 
+ALTERED = "altered"
+TWO_VERSIONS = "two_versions"
+FLOODING = "flooding"
+
+_WHY = {
+    ALTERED: "sent a copy that differs from the agreed one",
+    TWO_VERSIONS: "sent two versions of one publication",
+    FLOODING: "sent more undecided copies than its limit",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Blame(Generic[S]):
-    """A source proven to have misbehaved on one sequence."""
+    """A source proven to have misbehaved on one sequence (``fault``: ``ALTERED``,
+    ``TWO_VERSIONS`` or ``FLOODING``)."""
 
     source: S
     seq: int
-    why: str
+    fault: str
+
+    @property
+    def why(self) -> str:
+        return _WHY[self.fault]
 
 
 class _Version(Generic[S, T]):
@@ -94,6 +110,9 @@ class ReplicatedStream(Generic[S, T]):
         self.limit = limit
         self.floor = -1
         """Every sequence at or below it is decided (released or abandoned)."""
+        self.first_copy_at = 0.0
+        """When the first copy of the last released sequence came (``now`` of its offer):
+        every honest source's copy of it came no earlier."""
         self.blames: list[Blame[S]] = []
         """Proven misbehaviour, oldest first; the caller drains it."""
         self._pending: dict[int, _Pending[S, T]] = {}
@@ -131,7 +150,7 @@ class ReplicatedStream(Generic[S, T]):
                 return []  # the same copy again (a replay): nothing new
             for other in entry.versions.values():
                 if source in other.sources:
-                    self.blames.append(Blame(source, seq, "sent two versions of one publication"))
+                    self.blames.append(Blame(source, seq, TWO_VERSIONS))
                     return []
         else:
             version = None
@@ -207,12 +226,14 @@ class ReplicatedStream(Generic[S, T]):
     def _decide(self, seq: int, winner: Hashable | None) -> None:
         heapq.heappop(self._heap)
         entry = self._pending.pop(seq)
+        if winner is not None:
+            self.first_copy_at = entry.since
         load = self._load
         for content, version in entry.versions.items():
             for source in version.sources:
                 load[source] -= 1
                 if winner is not None and content != winner:
-                    self.blames.append(Blame(source, seq, "sent an altered copy"))
+                    self.blames.append(Blame(source, seq, ALTERED))
         self.floor = seq
         decided = self._decided
         decided[seq] = winner
@@ -222,11 +243,9 @@ class ReplicatedStream(Generic[S, T]):
     def _late(self, source: S, seq: int, content: Hashable) -> None:
         winner = self._decided.get(seq)
         if winner is not None and content != winner:
-            self.blames.append(Blame(source, seq, "sent an altered copy"))
+            self.blames.append(Blame(source, seq, ALTERED))
 
     def _flood(self, source: S, seq: int) -> None:
         if source not in self._flooding:
             self._flooding.add(source)
-            self.blames.append(
-                Blame(source, seq, f"sent over {self.limit} copies nobody else confirmed")
-            )
+            self.blames.append(Blame(source, seq, FLOODING))

@@ -123,6 +123,15 @@ class BrokerCollector:
         for culprit, count in sorted(s.blamed.items()):
             blame.add_metric([me, culprit], count)
         yield blame
+        copy_blame = CounterMetricFamily(
+            "trellis_copy_blame",
+            "Publication copies from an upstream replica proven bad (altered, two versions, "
+            "flooding) or missing (silent)",
+            labels=["broker", "culprit", "fault"],
+        )
+        for (culprit, fault), count in sorted(s.copy_blamed.items()):
+            copy_blame.add_metric([me, culprit, fault], count)
+        yield copy_blame
         yield counter(
             "trellis_bad_signatures",
             "Confidential publications discarded: publisher signature did not verify",

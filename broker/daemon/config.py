@@ -117,6 +117,18 @@ class BrokerConfig(BaseModel):
         ge=64 * 1024,
         description="bytes queued to one connection before deliveries to it are dropped",
     )
+    copy_patience: float = Field(
+        1.0,
+        gt=0,
+        description="seconds a publication fewer than f + 1 upstream replicas sent may hold "
+        "back later ones they agreed on before it is abandoned",
+    )
+    silence_deadline: float = Field(
+        2.0,
+        gt=0,
+        description="an upstream replica that sent no copy this long after its VN agreed on "
+        "a publication is blamed as silent",
+    )
     hello_timeout: float = Field(5.0, gt=0, description="seconds a new connection has to HELLO")
     heartbeat_interval: float = Field(
         10.0, gt=0, description="seconds between PINGs; a peer silent for 3 intervals is closed"
@@ -165,7 +177,16 @@ class BrokerConfig(BaseModel):
     replica: int = Field(0, ge=0, description="this broker's index among its VN's replicas")
     vn_size: int = Field(1, ge=1, le=64, description="number of replicas of this broker's VN")
     byzantine: Literal[
-        "none", "drop", "corrupt", "equivocate", "collude", "misplan", "mistable"
+        "none",
+        "drop",
+        "corrupt",
+        "equivocate",
+        "collude",
+        "delay",
+        "replay",
+        "reorder",
+        "misplan",
+        "mistable",
     ] = Field("none", description="fault injection for tests and demos: misbehave as named")
     manifest: Path | None = Field(
         None, description="overlay manifest (VN members and public keys) for confidential traffic"

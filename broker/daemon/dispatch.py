@@ -298,7 +298,9 @@ class Connection(asyncio.Protocol):
         hop = self.vnhop
         assert hop is not None
         if type(msg) is Forward:
-            broker.forwarder.forward(hop, self.peer_id, msg)
+            peer = self.peer_id
+            assert peer is not None
+            broker.forwarder.forward(hop, peer, msg)
             return
         if type(msg) is Share:
             broker.shares.share_arrived(msg.publisher, msg.seq, msg.record, self.peer_id)
@@ -768,6 +770,14 @@ class Broker:
                 conn.flush()
 
     # -- background work ------------------------------------------------------------------
+
+    async def watch_copies(self) -> None:
+        """Keep replicated streams moving: abandon stuck publications, blame silent replicas."""
+        interval = min(self.config.copy_patience, self.config.silence_deadline) / 2
+        while True:
+            await asyncio.sleep(interval)
+            self.forwarder.tick(time.monotonic())
+            self.flush()
 
     async def heartbeat(self) -> None:
         """Ping quiet peers and close the ones silent for three intervals."""

@@ -4,8 +4,18 @@ A client's ``PUBLISH`` and a neighbour's ``FORWARD`` both end in :meth:`Forwarde
 match once against the PRT, send one encoded ``FORWARD`` frame to every matching
 neighbour VN and one ``DELIVER`` frame per distinct subscription-id set to local
 subscribers, then hand a confidential publication's key shares to
-:class:`~broker.daemon.shares.SecureForwarding`. Every replica of an upstream VN sends a
-copy, so a forwarded publication is routed once, the first valid copy.
+:class:`~broker.daemon.shares.SecureForwarding`.
+
+Every replica of an upstream VN sends a copy, and up to ``f`` of them may be Byzantine. A
+forwarded publication is routed once ``f + 1`` replicas of its upstream VN sent identical
+content (payload, attributes and security block), in per-publisher order
+(:class:`security.agreement.ReplicatedStream`): one of them is honest, so what is routed is
+what was published, plain or confidential alike, and no signature needs checking on the way.
+A copy that differs is blamed on its sender once the genuine one is agreed. Two timers keep
+the stream live and honest: a publication that blocks later, agreed ones for
+``copy_patience`` seconds is abandoned (routing tables still settling), and an upstream
+replica that sent nothing for ``silence_deadline`` seconds after a publication from its VN
+was agreed is blamed as silent.
 
 Back-pressure: a local subscriber whose send buffer is over its limit loses the delivery
 (counted per subscription and reported in a ``NOTICE dropped``); links between brokers
@@ -20,13 +30,14 @@ import zlib
 from collections import defaultdict
 from collections.abc import Mapping
 
-from broker.daemon.hops import Hop, SeenPublications
+from broker.daemon.hops import Hop, SeenPublications, VNHop
 from broker.daemon.shares import SecureForwarding
 from broker.daemon.stats import BrokerStats
 from broker.daemon.traffic_log import TrafficLog
 from broker.language.filters import Value
 from broker.routing.router import Router
 from broker.wire.protocol import Forward, Publish, encode_deliver, encode_forward
+from security.agreement import ReplicatedStream
 from security.errors import InvalidRequest
 from security.publication import SecBlock
 
@@ -38,6 +49,18 @@ _MATCH_SAMPLE_MASK = 15
 TrafficClasses = defaultdict[tuple[Hop, ...], int]
 """Publications routed since the window started, by (source hop, *target hops)."""
 
+Content = tuple[bytes, SecBlock | None, tuple[tuple[str, Value], ...], tuple[type, ...]]
+"""What copies of one publication must agree on (value types too: ``1 == 1.0 == True``)."""
+
+Copies = ReplicatedStream[str, Forward]
+"""One publisher's copies from one upstream VN, by sending replica."""
+
+
+def content_of(msg: Forward) -> Content:
+    """What makes two copies of a publication the same publication."""
+    attrs = msg.attrs
+    return msg.payload, msg.sec, tuple(attrs.items()), tuple(map(type, attrs.values()))
+
 
 class Forwarder:
     """Routes publications for one broker; counts the traffic classes it carried."""
@@ -48,11 +71,25 @@ class Forwarder:
         stats: BrokerStats,
         shares: SecureForwarding,
         tlog: TrafficLog | None = None,
+        *,
+        patience: float = 1.0,
+        silence_deadline: float = 2.0,
     ) -> None:
         self.router = router
         self.stats = stats
         self.shares = shares
         self.seen = SeenPublications()
+        self.patience = patience
+        self.silence_deadline = silence_deadline
+        # (upstream VN, publisher) -> the agreement on that publisher's copies
+        self.streams: dict[tuple[str, str], Copies] = {}
+        self.waiting: set[tuple[str, str]] = set()
+        # Silence: upstream VN -> its hop; VN -> (when a publication from it was agreed, when
+        # its first copy came), one publication at a time; sender -> when its last copy came.
+        self.upstream: dict[str, VNHop] = {}
+        self.checkpoints: dict[str, tuple[float, float]] = {}
+        self.heard_at: dict[str, float] = {}
+        self.silent: set[str] = set()
         self.traffic: TrafficClasses = defaultdict(int)
         # Traffic log (SPEC §7): the hot path appends a tuple; a thread formats and writes.
         self.tlog = tlog
@@ -89,44 +126,112 @@ class Forwarder:
             self.shares.share_arrived(client_id, msg.seq, sec.share)
         return None
 
-    def forward(self, source: Hop, sender: str | None, msg: Forward) -> None:
-        """A neighbour VN's copy of a publication: route the first valid copy only."""
+    def forward(self, source: VNHop, sender: str, msg: Forward) -> None:
+        """A neighbour VN's copy of a publication: route it once ``f + 1`` copies agree."""
         self.stats.forwards_in += 1
+        now = time.monotonic()
+        self.heard_at[sender] = now
+        if sender in self.silent:
+            self.silent.discard(sender)
+        vn = source.peer_id
+        key = (vn, msg.publisher)
+        stream = self.streams.get(key)
+        if stream is None:
+            stream = self.streams[key] = ReplicatedStream((source.size - 1) // 2)
+            self.upstream[vn] = source
         tlog = self.tlog
-        if not self.seen.fresh(msg.publisher, msg.seq):
-            if tlog is not None:
-                tlog.append(
-                    (
-                        "copy",
-                        time.time(),
-                        msg.publisher,
-                        msg.seq,
-                        source.peer_id,
-                        sender,
-                        zlib.crc32(msg.payload),
+        if tlog is not None:
+            tlog.append(
+                ("copy", time.time(), msg.publisher, msg.seq, vn, sender, zlib.crc32(msg.payload))
+            )
+        released = stream.offer(sender, msg.seq, content_of(msg), msg, now)
+        if stream.blames:
+            self._blame(stream)
+        if stream.waiting:
+            self.waiting.add(key)
+        if released:
+            if vn not in self.checkpoints:
+                self.checkpoints[vn] = (now, stream.first_copy_at)
+            self._route_agreed(source, released)
+
+    def _route_agreed(self, source: Hop, released: list[tuple[int, Forward]]) -> None:
+        digests = self.tlog is not None
+        for _seq, msg in released:
+            if not self.seen.fresh(msg.publisher, msg.seq):
+                continue  # reached this broker over another VN too (a link moved)
+            self.seen.mark(msg.publisher, msg.seq)
+            self.route(
+                source,
+                msg.publisher,
+                msg.seq,
+                msg.attrs,
+                msg.payload,
+                msg.sec,
+                sender=None,
+                digest=zlib.crc32(msg.payload) if digests else None,
+            )
+
+    def _blame(self, stream: Copies) -> None:
+        stats = self.stats
+        for blame in stream.blames:
+            stats.blame_copy(blame.source, blame.fault)
+            log.warning("copy of seq %d from %s: %s", blame.seq, blame.source, blame.why)
+        stream.blames.clear()
+
+    def tick(self, now: float) -> None:
+        """Abandon publications stuck for ``patience`` and blame silent upstream replicas
+        (run about every ``patience / 2`` seconds)."""
+        for key in list(self.waiting):
+            stream = self.streams.get(key)
+            if stream is None or not stream.waiting:
+                self.waiting.discard(key)
+                continue
+            released = stream.expire(now, self.patience)
+            if released:
+                log.info(
+                    "%s from %s: publication(s) before seq %d abandoned after %.1f s "
+                    "(fewer than f + 1 replicas sent them)",
+                    key[1],
+                    key[0],
+                    released[0][0],
+                    self.patience,
+                )
+                self._route_agreed(self.upstream[key[0]], released)
+            if stream.blames:
+                self._blame(stream)
+        deadline = self.silence_deadline
+        for vn, (agreed, first_copy) in list(self.checkpoints.items()):
+            if now - agreed < deadline:
+                continue
+            del self.checkpoints[vn]
+            hop = self.upstream[vn]
+            for member, conn in hop.members.items():
+                if conn.closing or member in self.silent or conn.opened > first_copy:
+                    continue
+                if self.heard_at.get(member, 0.0) < first_copy:
+                    self.silent.add(member)
+                    self.stats.blame_copy(member, "silent")
+                    log.warning(
+                        "replica %s of %s is silent: no copy since before a publication its "
+                        "VN agreed on %.1f s ago",
+                        member,
+                        vn,
+                        now - agreed,
                     )
-                )
-            return
-        if msg.sec is not None and not self.shares.content_valid(
-            msg.publisher, msg.seq, msg.attrs, msg.payload, msg.sec, sender
-        ):
-            if tlog is not None:
-                tlog.append(
-                    ("sig", time.time(), msg.publisher, msg.seq, source.peer_id, sender, None)
-                )
-            return
-        self.seen.mark(msg.publisher, msg.seq)
-        digest = None if tlog is None else zlib.crc32(msg.payload)
-        self.route(
-            source,
-            msg.publisher,
-            msg.seq,
-            msg.attrs,
-            msg.payload,
-            msg.sec,
-            sender=sender,
-            digest=digest,
-        )
+
+    def send_forward(
+        self,
+        hop: Hop,
+        frame: bytes,
+        publisher: str,
+        seq: int,
+        attrs: Mapping[str, Value],
+        payload: bytes,
+        sec: SecBlock | None,
+    ) -> None:
+        """Send a publication's encoded ``FORWARD`` frame to a neighbour VN (a hook: an
+        equivocating test broker sends its replicas different frames)."""
+        hop.send_raw(frame)
 
     def route(
         self,
@@ -161,7 +266,7 @@ class Forwarder:
             if hop.is_broker:
                 if forward_frame is None:
                     forward_frame = encode_forward(publisher, seq, attrs, payload, sec)
-                hop.send_raw(forward_frame)
+                self.send_forward(hop, forward_frame, publisher, seq, attrs, payload, sec)
                 stats.count_forward(hop.peer_id)
             elif hop.congested:
                 hop.note_dropped(keys)

@@ -47,6 +47,10 @@ class Hop(Protocol):
 class Member(Hop, Protocol):
     """A replica's link as a member of a :class:`VNHop`."""
 
+    @property
+    def opened(self) -> float:
+        """When the link was opened (``time.monotonic()``)."""
+
     def close(self) -> None:
         """Close the link."""
 

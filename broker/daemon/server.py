@@ -93,6 +93,7 @@ class Server:
         async with asyncio.TaskGroup() as tg:
             background = [
                 tg.create_task(self.broker.heartbeat()),
+                tg.create_task(self.broker.watch_copies()),
                 tg.create_task(self.broker.reconfig.run()),
             ]
             for neighbour in list(self.broker.neighbours.values()):

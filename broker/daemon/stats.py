@@ -45,6 +45,8 @@ class BrokerStats:
     shares_delivered: int = 0
     bad_shares: int = 0
     blamed: dict[str, int] = field(default_factory=dict)
+    # (culprit, fault) -> copies of publications blamed on an upstream replica
+    copy_blamed: dict[tuple[str, str], int] = field(default_factory=dict)
     forwarded: dict[str, int] = field(default_factory=dict)
     messages_in: dict[str, int] = field(default_factory=dict)
     match_buckets: list[int] = field(default_factory=lambda: [0] * (len(MATCH_BUCKETS) + 1))
@@ -63,3 +65,8 @@ class BrokerStats:
         self.match_buckets[bisect_left(MATCH_BUCKETS, seconds)] += 1
         self.match_sum += seconds
         self.match_count += 1
+
+    def blame_copy(self, culprit: str, fault: str) -> None:
+        """Count a publication copy blamed on ``culprit`` (altered, silent, ...)."""
+        key = (culprit, fault)
+        self.copy_blamed[key] = self.copy_blamed.get(key, 0) + 1

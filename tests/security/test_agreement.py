@@ -99,12 +99,9 @@ def _run(sc: dict[str, object]) -> tuple[list[Copy], list[Copy], set[str], set[s
     wanted = [c for c, m in zip(published, matching, strict=True) if m]
     match = {seq for (seq, _), m in zip(published, matching, strict=True) if m}
 
-    vn1 = [
-        Replica(f"a{i}", i in bad1, ReplicatedStream[str, bytes](0)) for i in range(r1)
-    ]
+    vn1 = [Replica(f"a{i}", i in bad1, ReplicatedStream[str, bytes](0)) for i in range(r1)]
     vn2 = [
-        Replica(f"b{i}", i in bad2, ReplicatedStream[str, bytes](_faults(r1)))
-        for i in range(r2)
+        Replica(f"b{i}", i in bad2, ReplicatedStream[str, bytes](_faults(r1))) for i in range(r2)
     ]
     subscriber = ReplicatedStream[str, bytes](_faults(r2))
     links: list[Link] = []
