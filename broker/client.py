@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self, cast
+from typing import Self, cast
 
 from broker.errors import (
     ERRORS_BY_CODE,
@@ -69,6 +69,7 @@ from broker.wire.protocol import (
     validate_attrs,
 )
 from overlay.manifest import Manifest
+from security.agreement import Blame, ReplicatedStream
 from security.envelope import Signer
 from security.paths import KeyAssembly
 from security.propagation import (
@@ -222,7 +223,8 @@ class Subscription:
 
     Use it as ``async with client.subscribe(...) as sub``; leaving the block unsubscribes.
     When the client is connected to the replicas of a virtual node, each publication is
-    delivered once, in per-publisher order, as soon as ``f + 1`` replicas agree on it.
+    delivered once, in per-publisher order, byte for byte as published, as soon as ``f + 1``
+    replicas sent identical copies (:class:`security.agreement.ReplicatedStream`).
     """
 
     def __init__(self, client: Client, flt: Filter, sub_id: str, queue_size: int) -> None:
@@ -236,10 +238,11 @@ class Subscription:
         self._reported_dropped = 0
         self.active = False
         self._delivered: dict[str, int] = {}
-        # publisher -> seq -> agreed copy waiting for earlier ones or for its key
+        # publisher -> agreed copies waiting for their key, in order
         self._confirmed: dict[str, dict[int, Delivery]] = {}
-        # publisher -> seq -> content -> (delivery, replicas that sent it)
-        self._copies: dict[str, dict[int, dict[Any, tuple[Delivery, set[int]]]]] = {}
+        # publisher -> the agreement on the copies the replicas delivered
+        self._streams: dict[str, ReplicatedStream[int, Delivery]] = {}
+        self._expiry: asyncio.TimerHandle | None = None
 
     @property
     def pending(self) -> int:
@@ -261,33 +264,64 @@ class Subscription:
     def _offer(self, replica: int, delivery: Delivery) -> None:
         """A copy from one replica: deliver once ``f + 1`` replicas sent the same content.
 
-        An honest replica forwards every matching publication in publisher order, so when
-        ``f + 1`` replicas (one of them honest) confirm seq n, every earlier publication
-        that matches has arrived from that honest replica already: deliver those first.
+        One of those replicas is honest, and an honest replica forwards every matching
+        publication in publisher order, so earlier ones are never overtaken; a copy that
+        differs from the agreed one is blamed on its replica (:attr:`Client.copy_blames`).
         """
         publisher, seq = delivery.publisher, delivery.seq
-        threshold = self.client.fault_tolerance + 1
-        if threshold == 1 and delivery.sec is None and publisher not in self._confirmed:
+        client = self.client
+        if client.fault_tolerance == 0 and delivery.sec is None and publisher not in self._streams:
             if seq > self._delivered.get(publisher, 0):
                 self._delivered[publisher] = seq
                 self._deliver(delivery)
             return
-        if seq <= self._delivered.get(publisher, 0):
+        stream = self._streams.get(publisher)
+        if stream is None:
+            stream = self._streams[publisher] = ReplicatedStream(client.fault_tolerance)
+            stream.floor = self._delivered.get(publisher, 0)
+        attrs = delivery.attrs
+        content = (
+            delivery.payload,
+            delivery.sec,
+            tuple(attrs.items()),
+            tuple(map(type, attrs.values())),
+        )
+        now = asyncio.get_running_loop().time()
+        self._agreed(publisher, stream, stream.offer(replica, seq, content, delivery, now))
+        if stream.waiting and self._expiry is None:
+            self._expiry = asyncio.get_running_loop().call_later(client.copy_patience, self._expire)
+
+    def _agreed(
+        self,
+        publisher: str,
+        stream: ReplicatedStream[int, Delivery],
+        released: list[tuple[int, Delivery]],
+    ) -> None:
+        if stream.blames:
+            self.client._blame_copies(stream.blames)
+            stream.blames.clear()
+        if not released:
             return
-        versions = self._copies.setdefault(publisher, {}).setdefault(seq, {})
-        sig = delivery.sec.sig if delivery.sec else b""
-        content = (delivery.payload, sig, tuple(sorted(delivery.attrs.items())))
-        _, replicas = versions.setdefault(content, (delivery, set()))
-        replicas.add(replica)
-        if len(replicas) < threshold:
-            return
-        pending = self._copies[publisher]
         confirmed = self._confirmed.setdefault(publisher, {})
-        for earlier in sorted(s for s in pending if s <= seq):
-            candidates = pending.pop(earlier)
-            confirmed[earlier], _ = max(candidates.values(), key=lambda item: len(item[1]))
-        self._delivered[publisher] = seq
+        for seq, delivery in released:
+            confirmed[seq] = delivery
+        self._delivered[publisher] = released[-1][0]
         self._flush(publisher)
+
+    def _expire(self) -> None:
+        """Give up on publications fewer than f + 1 replicas sent while later ones were
+        agreed (the subscription was still reaching some replicas)."""
+        self._expiry = None
+        now = asyncio.get_running_loop().time()
+        waiting = False
+        for publisher, stream in self._streams.items():
+            if stream.waiting:
+                self._agreed(publisher, stream, stream.expire(now, self.client.copy_patience))
+                waiting = waiting or bool(stream.waiting)
+        if waiting and self.active:
+            self._expiry = asyncio.get_running_loop().call_later(
+                self.client.copy_patience / 2, self._expire
+            )
 
     def _flush(self, publisher: str) -> None:
         """Deliver confirmed publications in order; a confidential one waits for its key."""
@@ -314,6 +348,9 @@ class Subscription:
             self._queue.put_nowait(delivery)
 
     def _end(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         if self.active:
             self.active = False
             self._queue.put_nowait(None)
@@ -406,6 +443,9 @@ class Client:
             messages (1, the default, is a fresh key per message); key shares travel only
             with the first publication of each key epoch and to subscribers that join.
         key_refresh_seconds: also start a new key epoch once the current one is this old.
+        copy_patience: seconds a publication fewer than ``f + 1`` replicas delivered may
+            hold back later ones that ``f + 1`` replicas agreed on (while a new subscription
+            reaches every replica) before it is given up.
     """
 
     def __init__(
@@ -423,6 +463,7 @@ class Client:
         signer: Signer | None = None,
         key_refresh: int = 1,
         key_refresh_seconds: float | None = None,
+        copy_patience: float = 1.0,
     ) -> None:
         eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not eps:
@@ -475,6 +516,10 @@ class Client:
         self.key_refresh = key_refresh
         self.key_refresh_seconds = key_refresh_seconds
         self._epoch: EpochKey | None = None
+        self.copy_patience = copy_patience
+        self.copy_blames: dict[str, int] = {}
+        """Brokers proven to have delivered an altered copy (or two versions of one
+        publication) to this client, with how many times."""
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -1008,6 +1053,13 @@ class Client:
             if len(self._assemblies) > _KEY_MEMORY:
                 self._assemblies.popitem(last=False)
         return assembly
+
+    def _blame_copies(self, blames: list[Blame[int]]) -> None:
+        for blame in blames:
+            link = self._links.get(blame.source)
+            broker = link.broker_id if link is not None else f"replica #{blame.source}"
+            self.copy_blames[broker] = self.copy_blames.get(broker, 0) + 1
+            log.warning("publication seq %d from broker %s: %s", blame.seq, broker, blame.why)
 
     def _share_arrived(self, link: _Link, msg: Share) -> None:
         try:
