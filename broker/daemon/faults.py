@@ -7,27 +7,50 @@ module: the hot path has no fault branches.
 
 * ``drop``: routes nothing and passes no key share on (a silent replica).
 * ``corrupt``: flips the bytes of every payload it routes and of every sub-share it sends.
-* ``equivocate``: splits each share twice and sends half the next VN's replicas each split.
+* ``equivocate``: sends the odd-numbered replicas of each next VN an altered payload and the
+  others the genuine one, and splits each share twice, sending half the replicas each split.
+* ``delay``: routes every publication and passes every share on ``FAULT_DELAY`` seconds late.
+* ``replay``: routes every publication, then routes again the one it routed
+  ``REPLAY_DISTANCE`` publications earlier (old copies, sent anew).
+* ``reorder``: routes publications in swapped pairs (the second before the first).
 * ``collude``: the seed's attack; sends every sub-share to replica 0 of the next VN and
-  records every share it sees in ``collude_log`` (so tests can try to rebuild a key).
+  records every share it sees in ``collude_log`` (so tests can try to rebuild a key). The
+  records are written by a thread, never on the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import queue
+import threading
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 from broker.daemon.config import BrokerConfig, NeighbourConfig
 from broker.daemon.forwarding import Forwarder
-from broker.daemon.hops import Hop
+from broker.daemon.hops import Hop, VNHop
 from broker.daemon.shares import SecureForwarding
 from broker.daemon.stats import BrokerStats
 from broker.daemon.traffic_log import open_traffic_log
 from broker.language.filters import Value
 from broker.routing.router import Router
+from broker.wire.protocol import encode_forward
 from security.propagation import ShareRecord
 from security.publication import SecBlock
+
+FAULT_DELAY = 0.5
+REPLAY_DISTANCE = 3
+
+Routed = tuple[Hop, str, int, Mapping[str, Value], bytes, SecBlock | None]
+"""The arguments of one :meth:`Forwarder.route` call."""
+
+
+def _altered(payload: bytes) -> bytes:
+    return bytes(b ^ 0x5A for b in payload)
 
 
 class _DroppingForwarder(Forwarder):
@@ -69,8 +92,97 @@ class _CorruptingForwarder(Forwarder):
         sender: str | None = None,
         digest: int | None = None,
     ) -> None:
-        corrupted = bytes(b ^ 0x5A for b in payload)
-        super().route(source, publisher, seq, attrs, corrupted, sec, sender=sender, digest=digest)
+        super().route(
+            source, publisher, seq, attrs, _altered(payload), sec, sender=sender, digest=digest
+        )
+
+
+class _EquivocatingForwarder(Forwarder):
+    def send_forward(
+        self,
+        hop: Hop,
+        frame: bytes,
+        publisher: str,
+        seq: int,
+        attrs: Mapping[str, Value],
+        payload: bytes,
+        sec: SecBlock | None,
+    ) -> None:
+        if not isinstance(hop, VNHop):
+            hop.send_raw(frame)
+            return
+        altered = encode_forward(publisher, seq, attrs, _altered(payload), sec)
+        for broker_id, conn in hop.members.items():
+            if not conn.closing:
+                odd = self.shares.neighbours[broker_id].replica % 2
+                conn.send_raw(altered if odd else frame)
+
+
+class _DelayingForwarder(Forwarder):
+    def route(
+        self,
+        source: Hop,
+        publisher: str,
+        seq: int,
+        attrs: Mapping[str, Value],
+        payload: bytes,
+        sec: SecBlock | None = None,
+        *,
+        sender: str | None = None,
+        digest: int | None = None,
+    ) -> None:
+        late = super().route
+        asyncio.get_running_loop().call_later(
+            FAULT_DELAY, lambda: late(source, publisher, seq, attrs, payload, sec, sender=sender)
+        )
+
+
+class _ReplayingForwarder(Forwarder):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.history: deque[Routed] = deque()
+
+    def route(
+        self,
+        source: Hop,
+        publisher: str,
+        seq: int,
+        attrs: Mapping[str, Value],
+        payload: bytes,
+        sec: SecBlock | None = None,
+        *,
+        sender: str | None = None,
+        digest: int | None = None,
+    ) -> None:
+        super().route(source, publisher, seq, attrs, payload, sec, sender=sender, digest=digest)
+        self.history.append((source, publisher, seq, attrs, payload, sec))
+        if len(self.history) > REPLAY_DISTANCE:
+            super().route(*self.history.popleft())
+
+
+class _ReorderingForwarder(Forwarder):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.held: Routed | None = None
+
+    def route(
+        self,
+        source: Hop,
+        publisher: str,
+        seq: int,
+        attrs: Mapping[str, Value],
+        payload: bytes,
+        sec: SecBlock | None = None,
+        *,
+        sender: str | None = None,
+        digest: int | None = None,
+    ) -> None:
+        held, self.held = self.held, None
+        if held is None:
+            self.held = (source, publisher, seq, attrs, payload, sec)
+            return
+        super().route(source, publisher, seq, attrs, payload, sec, sender=sender, digest=digest)
+        super().route(*held)
 
 
 class _CorruptingShares(SecureForwarding):
@@ -85,28 +197,63 @@ class _EquivocatingShares(SecureForwarding):
         return [second[j] if j % 2 else first[j] for j in range(r)]
 
 
+class _DelayingShares(SecureForwarding):
+    def share_arrived(
+        self, publisher: str, epoch: int, raw: bytes, sender: str | None = None
+    ) -> None:
+        late = super().share_arrived
+        asyncio.get_running_loop().call_later(
+            FAULT_DELAY, lambda: late(publisher, epoch, raw, sender)
+        )
+
+
+class _Evidence:
+    """Appends lines to a file from a thread, so the event loop never waits on the disk."""
+
+    def __init__(self, path: Path) -> None:
+        self.lines: queue.SimpleQueue[str] = queue.SimpleQueue()
+        threading.Thread(target=self._write, args=(path,), daemon=True).start()
+
+    def _write(self, path: Path) -> None:
+        with path.open("a", encoding="utf-8") as out:
+            while True:
+                out.write(self.lines.get())
+                if self.lines.empty():
+                    out.flush()
+
+
 class _ColludingShares(SecureForwarding):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        path = self.config.collude_log
+        self.evidence = None if path is None else _Evidence(path)
+
     def recipients_of(self, subs: list[ShareRecord], replica: int) -> list[ShareRecord]:
         return list(subs) if replica == 0 else []
 
     def share_arrived(
         self, publisher: str, epoch: int, raw: bytes, sender: str | None = None
     ) -> None:
-        if self.config.collude_log is not None:
-            with self.config.collude_log.open("a", encoding="utf-8") as out:
-                out.write(json.dumps({"broker": self.broker_id, "record": raw.hex()}) + "\n")
+        if self.evidence is not None:
+            line = json.dumps({"broker": self.broker_id, "record": raw.hex()})
+            self.evidence.lines.put(line + "\n")
         super().share_arrived(publisher, epoch, raw, sender)
 
 
 _FORWARDERS: dict[str | None, type[Forwarder]] = {
     "drop": _DroppingForwarder,
     "corrupt": _CorruptingForwarder,
+    "equivocate": _EquivocatingForwarder,
+    "delay": _DelayingForwarder,
+    "replay": _ReplayingForwarder,
+    "reorder": _ReorderingForwarder,
 }
 _SHARES: dict[str | None, type[SecureForwarding]] = {
     "drop": _DroppingShares,
     "corrupt": _CorruptingShares,
     "equivocate": _EquivocatingShares,
     "collude": _ColludingShares,
+    "delay": _DelayingShares,
 }
 
 
@@ -122,4 +269,11 @@ def build_forwarding(
     mode = config.byzantine
     tlog = open_traffic_log(config)
     shares = _SHARES.get(mode, SecureForwarding)(config, vn, stats, neighbours, tlog)
-    return _FORWARDERS.get(mode, Forwarder)(router, stats, shares, tlog)
+    return _FORWARDERS.get(mode, Forwarder)(
+        router,
+        stats,
+        shares,
+        tlog,
+        patience=config.copy_patience,
+        silence_deadline=config.silence_deadline,
+    )

@@ -306,7 +306,7 @@ def replica_counts(text: str, vns: list[str]) -> dict[str, int]:
     return dict(zip(vns, counts, strict=True))
 
 
-BYZANTINE_MODES = ("drop", "corrupt", "equivocate", "collude")
+BYZANTINE_MODES = ("drop", "corrupt", "equivocate", "delay", "replay", "reorder", "collude")
 
 
 def byzantine_modes(items: list[str]) -> dict[str, dict[str, Any]]:
