@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import subprocess
 import sys
+from dataclasses import dataclass
 
-from broker.client import Delivery, Subscription
+from broker.client import Client, Delivery, Subscription
+from broker.errors import TrellisTimeout
+from broker.tools.local import LocalOverlay
 
 
 async def drain(sub: Subscription, idle: float = 0.5) -> list[Delivery]:
@@ -28,3 +32,84 @@ def trellis(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
         timeout=timeout,
         check=False,
     )
+
+
+@dataclass
+class Exchange:
+    """What one publisher sent and one subscriber received, compared exactly."""
+
+    sent: list[tuple[int, bytes]]
+    received: list[tuple[int, bytes]]
+    blamed: dict[str, int]
+    """Edge replicas the subscriber caught delivering a bad copy (``Client.copy_blames``)."""
+
+    @property
+    def altered(self) -> int:
+        """Deliveries whose payload is not what was published under their seq."""
+        genuine = dict(self.sent)
+        return sum(1 for seq, payload in self.received if genuine.get(seq) != payload)
+
+    @property
+    def lost(self) -> int:
+        return len({seq for seq, _ in self.sent} - {seq for seq, _ in self.received})
+
+    @property
+    def duplicated(self) -> int:
+        return len(self.received) - len({seq for seq, _ in self.received})
+
+    @property
+    def reordered(self) -> int:
+        seqs = [seq for seq, _ in self.received]
+        return sum(1 for a, b in itertools.pairwise(seqs) if b <= a)
+
+    def faults(self) -> dict[str, int]:
+        return {
+            "altered": self.altered,
+            "lost": self.lost,
+            "duplicated": self.duplicated,
+            "reordered": self.reordered,
+        }
+
+
+async def exact_exchange(
+    overlay: LocalOverlay,
+    publisher_id: str,
+    count: int,
+    *,
+    plain_every: int = 1,
+    rate: float = 50.0,
+    wait: float = 10.0,
+) -> Exchange:
+    """``publisher_id`` at the first VN publishes ``count`` distinct payloads at ``rate``/s
+    (every ``plain_every``-th plain, the rest confidential; 0: all confidential); a
+    subscriber on every replica of the last VN collects what it is delivered until it has
+    everything or ``wait`` seconds pass without a delivery, then half a second more."""
+    vns = sorted(overlay.tree.brokers)
+    pub = Client(overlay.endpoints(vns[0]), client_id=publisher_id)
+    sub_client = Client(overlay.endpoints(vns[-1]), manifest=overlay.manifest)
+    flt = f"class = 'exact' and publisher = '{publisher_id}'"
+    sent: list[tuple[int, bytes]] = []
+    received: list[tuple[int, bytes]] = []
+    async with pub, sub_client, sub_client.subscribe(flt) as sub:
+        await pub.advertise(flt)
+        await asyncio.to_thread(overlay.wait_quiet)
+        for i in range(count):
+            payload = f"{publisher_id} #{i} ".encode() * 3
+            plain = plain_every > 0 and i % plain_every == 0
+            seq = await pub.publish(
+                {"class": "exact", "publisher": publisher_id, "i": i},
+                payload,
+                confidential=not plain,
+            )
+            sent.append((seq, payload))
+            await asyncio.sleep(1 / rate)
+        idle = wait
+        while True:
+            try:
+                msg = await sub.get(idle)
+            except TrellisTimeout:
+                break
+            received.append((msg.seq, msg.payload))
+            if len(received) >= count:
+                idle = 0.5
+    return Exchange(sent, received, dict(sub_client.copy_blames))

@@ -167,7 +167,15 @@ async def _traffic(overlay: LocalOverlay, names: list[str], count: int, rng: ran
     )
     for b in sorted(overlay.brokers):
         forwarded = metric_by_label(metrics[b], "trellis_publications_forwarded_total", "link")
-        blamed = metric_by_label(metrics[b], "trellis_share_blame_total", "culprit")
+        blamed = {
+            f"{k} (shares)": v
+            for k, v in metric_by_label(metrics[b], "trellis_share_blame_total", "culprit").items()
+        }
+        for culprit, fault, times in re.findall(
+            r'trellis_copy_blame_total\{broker="[^"]+",culprit="([^"]+)",fault="([^"]+)"\} (\S+)',
+            metrics[b],
+        ):
+            blamed[f"{culprit} ({fault})"] = int(float(times))
         shares_in = re.search(r"trellis_shares_received_total\{[^}]*\} (\S+)", metrics[b])
         split = re.search(r"trellis_shares_split_total\{[^}]*\} (\S+)", metrics[b])
         role = f" ({BYZANTINE[b]})" if b in BYZANTINE else ""
@@ -187,7 +195,8 @@ async def _traffic(overlay: LocalOverlay, names: list[str], count: int, rng: ran
         "    publication routing table (subscriptions)\n"
         "  forwarded: publications sent to each neighbouring VN\n"
         "  shares in/split: key shares received / re-split for the next VN\n"
-        "  blamed: brokers whose key shares this one rejected (x how many)"
+        "  blamed: brokers whose key shares this one rejected, or whose publication copies were\n"
+        "    altered (differ from what f + 1 replicas agreed on) or silent (x how many)"
     )
     print(f"subscribers attributed bad key shares to: {', '.join(sorted(culprits)) or 'nobody'}")
     print("\n" + ("all deliveries match the oracle" if ok else "MISMATCH: see above"))
