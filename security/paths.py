@@ -121,8 +121,13 @@ class PathVote:
     ) -> tuple[str, ...] | None:
         """Count ``sender``'s claim; the path once it has a majority, else None."""
         path = claimed_path(manifest, sec, record, holder_vn)
-        if path is None:
-            return None
+        return None if path is None else self.vouch(manifest, path, sender)
+
+    def vouch(
+        self, manifest: Membership, path: tuple[str, ...], sender: str
+    ) -> tuple[str, ...] | None:
+        """Count ``sender``'s claim of an already read ``path``; the path once it has a
+        majority, else None."""
         voters = self.votes.setdefault(path, set())
         voters.add(sender)
         vn = manifest.owner(sender)
@@ -138,6 +143,8 @@ class PathShares:
     shares: list[tuple[str, ShareRecord]] = field(default_factory=list)
     verifier: ChainVerifier | None = None
     audited: bool = False
+    quick: ChainVerifier | None = None
+    tried: int = 0  # shares seen by the last quick pass
 
 
 @dataclass
@@ -208,16 +215,17 @@ class KeyAssembly:
         complete = len(shares) >= total
         pub_id = publication_id(self.publisher, self.seq)
         if self.key is None and not self.distrust:
-            try:
-                quick = reconstruct(
-                    shares, view, pub_id, verifier=ChainVerifier(view, seals="none")
-                )
-            except PropagationError:
-                quick = None
-            if quick is not None and quick.key is not None:
-                self.key = quick.key
-                self.tentative = True
-            if not complete and self.key is not None:
+            if path.tried < len(shares) and _enough(shares, view):
+                path.tried = len(shares)
+                path.quick = path.quick or ChainVerifier(view, seals="none")
+                try:
+                    quick = reconstruct(shares, view, pub_id, verifier=path.quick)
+                except PropagationError:
+                    quick = None
+                if quick is not None and quick.key is not None:
+                    self.key = quick.key
+                    self.tentative = True
+            if not complete:
                 return
         path.verifier = path.verifier or ChainVerifier(view)
         try:
@@ -256,3 +264,18 @@ class KeyAssembly:
             path.audited = False
             self._try(path)
         return self.open(seq, attrs, sealed) if self.key is not None else None
+
+
+def _enough(shares: list[tuple[str, ShareRecord]], view: PathView) -> bool:
+    """Whether the leaves' lineages alone leave k children at every level up to the root
+    (a cheap test before a reconstruction pass)."""
+    ready: set[tuple[int, ...]] = {record.lineage for _, record in shares}
+    for level in range(view.depth, 0, -1):
+        k = threshold_for(len(view.vns[level - 1]))
+        counts: dict[tuple[int, ...], int] = {}
+        for lineage in ready:
+            if len(lineage) == level:
+                parent = lineage[:-1]
+                counts[parent] = counts.get(parent, 0) + 1
+        ready = {node for node, n in counts.items() if n >= k}
+    return () in ready

@@ -335,6 +335,7 @@ class SealCache:
 
 
 DEFAULT_SEALS = SealCache()
+_UNSEEN = "unseen"
 
 
 def seal_certs(certs: Sequence[SplitCert], signer: Signer) -> list[SplitCert]:
@@ -550,6 +551,13 @@ class ChainVerifier:
         self.seals = seals
         self.cache = DEFAULT_SEALS if cache is None else cache
         self._seal_ok: dict[SplitCert, bool] = {}
+        # Checked once per distinct certificate and record: many records share certificates,
+        # and a subscriber's assembly looks at the same records on every pass.
+        self._shapes: dict[SplitCert, str | None] = {}
+        self._digests: dict[SplitCert, bytes] = {}
+        self._records: dict[
+            tuple[int, bytes | None], tuple[ShareRecord, tuple[str, str | None] | None]
+        ] = {}
 
     def cert_problem(
         self, cert: SplitCert, pub_id: bytes, node: Lineage, parent: bytes | None = None
@@ -567,12 +575,21 @@ class ChainVerifier:
     def _shape_problem(
         self, cert: SplitCert, pub_id: bytes, node: Lineage, parent: bytes | None
     ) -> str | None:
-        path = self.path
-        level = len(node) + 1
         if not isinstance(cert, SplitCert):
             return "not a certificate"
         if cert.pub_id != pub_id or cert.node != node:
             return f"certificate is for {cert.node} of another publication or node"
+        if parent is not None and cert.parent != parent:
+            return "names another parent certificate"
+        shape = self._shapes.get(cert, _UNSEEN)
+        if shape is _UNSEEN:
+            shape = self._shapes[cert] = self._intrinsic_problem(cert)
+        return shape
+
+    def _intrinsic_problem(self, cert: SplitCert) -> str | None:
+        path = self.path
+        node = cert.node
+        level = len(node) + 1
         if level > path.depth:
             return "certificate below the last VN"
         if (cert.k, cert.r) != path.scheme(level):
@@ -586,9 +603,13 @@ class ChainVerifier:
             return "malformed commitment vector"
         if not isinstance(cert.signature, bytes) or not isinstance(cert.parent, bytes):
             return "malformed signature"
-        if parent is not None and cert.parent != parent:
-            return "names another parent certificate"
         return None
+
+    def _digest(self, cert: SplitCert) -> bytes:
+        digest = self._digests.get(cert)
+        if digest is None:
+            digest = self._digests[cert] = cert_digest(cert)
+        return digest
 
     def seal_ok(self, cert: SplitCert) -> bool:
         """Whether the certificate's Merkle path leads to a root its splitter signed."""
@@ -613,6 +634,17 @@ class ChainVerifier:
         valid record replayed from another publication would pass for a second certificate of
         the same split, and an honest splitter would look like an equivocator.
         """
+        memo = (id(record), pub_id)
+        seen = self._records.get(memo)
+        if seen is not None and seen[0] is record:
+            return seen[1]
+        fault = self._record_fault(record, pub_id)
+        self._records[memo] = (record, fault)
+        return fault
+
+    def _record_fault(
+        self, record: ShareRecord, pub_id: bytes | None
+    ) -> tuple[str, str | None] | None:
         if not isinstance(record, ShareRecord):
             return "not a share record", None
         if pub_id is not None and record.pub_id != pub_id:
@@ -634,7 +666,7 @@ class ChainVerifier:
             if problem:
                 return f"level {depth + 1}: {problem}", None
             if depth + 1 < len(certs):
-                parent = cert_digest(cert)
+                parent = self._digest(cert)
         if commitment(record.opening) != certs[-1].commitments[lineage[-1]]:
             return "opening does not match its commitment", None
         if self.seals == "none":
@@ -951,68 +983,41 @@ def unpack_record(raw: bytes) -> ShareRecord:
         PropagationError: the bytes are not a well-formed record.
     """
     try:
-        pub_id, lineage, certs, salt, data = msgpack.unpackb(raw, use_list=True, raw=False)
-        record = ShareRecord(
-            _bytes(pub_id),
-            _ints(lineage),
-            tuple(
+        pub_id, lineage, certs, salt, data = msgpack.unpackb(raw, use_list=False, raw=False)
+        if type(pub_id) is not bytes or type(salt) is not bytes or type(data) is not bytes:
+            raise TypeError("pub_id, salt and data must be bytes")
+        chain = []
+        for c_pub, node, k, r, splitter, commits, sig, parent, position, count, proof in certs:
+            if not (
+                type(c_pub) is bytes
+                and type(k) is int
+                and type(r) is int
+                and type(splitter) is str
+                and type(sig) is bytes
+                and type(parent) is bytes
+                and type(position) is int
+                and type(count) is int
+                and type(commits) is tuple
+                and type(proof) is tuple
+                and all(type(x) is bytes for x in commits)
+                and all(type(x) is bytes for x in proof)
+            ):
+                raise TypeError("malformed certificate")
+            chain.append(
                 SplitCert(
-                    _bytes(c_pub),
-                    _ints(c_node),
-                    _int(k),
-                    _int(r),
-                    _str(splitter),
-                    tuple(_bytes(x) for x in commits),
-                    _bytes(signature),
-                    _bytes(parent),
-                    _int(position),
-                    _int(count),
-                    tuple(_bytes(x) for x in proof),
+                    c_pub, _ints(node), k, r, splitter, commits, sig, parent, position, count, proof
                 )
-                for (
-                    c_pub,
-                    c_node,
-                    k,
-                    r,
-                    splitter,
-                    commits,
-                    signature,
-                    parent,
-                    position,
-                    count,
-                    proof,
-                ) in certs
-            ),
-            _bytes(salt),
-            _bytes(data),
-        )
+            )
+        record = ShareRecord(pub_id, _ints(lineage), tuple(chain), salt, data)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise PropagationError(f"malformed share record: {exc}") from None
     return record
 
 
-def _bytes(value: object) -> bytes:
-    if not isinstance(value, bytes):
-        raise TypeError(f"expected bytes, got {type(value).__name__}")
-    return value
-
-
-def _int(value: object) -> int:
-    if type(value) is not int:
-        raise TypeError(f"expected int, got {type(value).__name__}")
-    return value
-
-
-def _str(value: object) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"expected str, got {type(value).__name__}")
-    return value
-
-
 def _ints(value: object) -> Lineage:
-    if not isinstance(value, list):
-        raise TypeError(f"expected list, got {type(value).__name__}")
-    return tuple(_int(v) for v in value)
+    if type(value) is not tuple or not all(type(v) is int for v in value):
+        raise TypeError(f"expected a list of ints, got {value!r}")
+    return value
 
 
 def coalition_key(records: Iterable[ShareRecord]) -> bytes | None:

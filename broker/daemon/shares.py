@@ -60,6 +60,9 @@ T = TypeVar("T")
 
 _EPOCH_MEMORY = 4096
 
+Pending = tuple[ShareRecord, bytes, str, tuple[str, ...] | None]
+"""A share not verified yet: record, wire form, sender, the path it claims (None: unknown)."""
+
 SILENCE_DEADLINE = 3.0
 """Seconds after an epoch's content was routed here by which every upstream replica must
 have sent a share of it; one that sent none is blamed as silent."""
@@ -90,8 +93,9 @@ class SecureForwarding:
         if config.key_file is not None:
             raw = bytes.fromhex(Path(config.key_file).read_text(encoding="utf-8").strip())
             self.signer = Signer(config.id, private_key_from_bytes(raw))
-        # (publisher, epoch) -> the share records this replica holds for that key
-        self.held: OrderedDict[tuple[str, int], list[ShareRecord]] = OrderedDict()
+        # (publisher, epoch) -> the share records this replica holds for that key (with their
+        # wire form, relayed as received to local subscribers)
+        self.held: OrderedDict[tuple[str, int], list[tuple[ShareRecord, bytes]]] = OrderedDict()
         # (publisher, epoch) -> hops that have been sent this replica's shares
         self.served: OrderedDict[tuple[str, int], list[Hop]] = OrderedDict()
         # (publisher, epoch) -> path -> the verifier of incoming shares along that path. An
@@ -101,8 +105,8 @@ class SecureForwarding:
             OrderedDict()
         )
         # shares not verified yet (content not routed here, or their path not agreed): (record,
-        # sender)
-        self.unverified: OrderedDict[tuple[str, int], list[tuple[ShareRecord, str]]] = OrderedDict()
+        # its wire form, sender, the path it claims once the content is known)
+        self.unverified: OrderedDict[tuple[str, int], list[Pending]] = OrderedDict()
         # The security block of each epoch whose content was routed here.
         self.secs: OrderedDict[tuple[str, int], SecBlock] = OrderedDict()
         # Splits of this event-loop pass, sealed by one signature, and the shares they make.
@@ -191,8 +195,8 @@ class SecureForwarding:
         for hop in targets:
             if hop not in served:
                 served.append(hop)
-                for record in held:
-                    self._send(hop, publisher, epoch, record)
+                for record, raw in held:
+                    self._send(hop, publisher, epoch, record, raw)
 
     def share_arrived(
         self, publisher: str, epoch: int, raw: bytes, sender: str | None = None
@@ -224,9 +228,9 @@ class SecureForwarding:
         path = None if sec is None else self._claim(key, sec, record, sender)
         inbox = self.inboxes.get(key, {}).get(path) if path is not None else None
         if inbox is not None:
-            self._accept(key, inbox, record, sender)
+            self._accept(key, inbox, record, raw, sender)
         elif sec is None or path is not None:
-            self._remember(self.unverified, key).append((record, sender))
+            self._remember(self.unverified, key).append((record, raw, sender, path))
             self._open_inboxes(key)
 
     def _claim(
@@ -253,8 +257,11 @@ class SecureForwarding:
             if len(self.inboxes) > _EPOCH_MEMORY:
                 self.inboxes.popitem(last=False)
         vote = PathVote()
-        for record, sender in pending:
-            chosen = vote.offer(self.manifest, sec, record, sender, self.vn)
+        claims: list[tuple[ShareRecord, bytes, str, tuple[str, ...] | None]] = []
+        for record, raw, sender, known in pending:
+            claim = known or claimed_path(self.manifest, sec, record, self.vn)
+            claims.append((record, raw, sender, claim))
+            chosen = None if claim is None else vote.vouch(self.manifest, claim, sender)
             if chosen is None or chosen in opened:
                 continue
             try:
@@ -262,13 +269,15 @@ class SecureForwarding:
                 opened[chosen] = ShareInbox(view, publication_id(*key), view.depth, self.replica)
             except (PropagationError, KeyError) as exc:
                 log.warning("cannot verify shares of %s/%d: %s", key[0], key[1], exc)
-        waiting = []
-        for record, sender in self.unverified.pop(key):
-            path = self._claim(key, sec, record, sender)
-            if path in opened:
-                self._accept(key, opened[path], record, sender)
-            elif path is not None:
-                waiting.append((record, sender))
+        del self.unverified[key]
+        waiting: list[Pending] = []
+        for record, raw, sender, path in claims:
+            if path is None:
+                self._blame(key, sender, "claims no possible path", sender)
+            elif path in opened:
+                self._accept(key, opened[path], record, raw, sender)
+            else:
+                waiting.append((record, raw, sender, path))
         if waiting:
             self.unverified[key] = waiting
 
@@ -290,7 +299,7 @@ class SecureForwarding:
             )
 
     def _accept(
-        self, key: tuple[str, int], inbox: ShareInbox, record: ShareRecord, sender: str
+        self, key: tuple[str, int], inbox: ShareInbox, record: ShareRecord, raw: bytes, sender: str
     ) -> None:
         """Hold a verified share and pass it on; blame the sender of a bad one."""
         before = len(inbox.blames)
@@ -299,11 +308,11 @@ class SecureForwarding:
                 self._blame(key, blame.broker, f"{blame.fault}: {blame.detail}", sender)
             return
         self._log_share(key[0], key[1], sender, None, None)
-        self._remember(self.held, key).append(record)
+        self._remember(self.held, key).append((record, raw))
         for hop in self.served.get(key, ()):
-            self._send(hop, key[0], key[1], record)
+            self._send(hop, key[0], key[1], record, raw)
 
-    def _send(self, hop: Hop, publisher: str, epoch: int, record: ShareRecord) -> None:
+    def _send(self, hop: Hop, publisher: str, epoch: int, record: ShareRecord, raw: bytes) -> None:
         if hop.closing:
             return
         if isinstance(hop, VNHop):
@@ -312,7 +321,7 @@ class SecureForwarding:
             # The slow-consumer policy covers key shares too (the delivery was dropped).
             self.stats.deliveries_dropped += 1
         else:
-            hop.send(Share(publisher, epoch, pack_record(record)))
+            hop.send(Share(publisher, epoch, raw))
             self.stats.shares_delivered += 1
 
     def _split_toward(self, hop: VNHop, publisher: str, seq: int, record: ShareRecord) -> None:
@@ -334,13 +343,20 @@ class SecureForwarding:
         outbox, self._outbox = self._outbox, []
         sealed = self.batch.seal() if self.batch is not None else {}
         stats = self.stats
+        written: dict[Member, None] = {}
         for conn, publisher, seq, sub in outbox:
             if conn.closing:
                 continue
             cert = sealed.get(sub.certs[-1])
             record = sub if cert is None else replace(sub, certs=(*sub.certs[:-1], cert))
             conn.send(Share(publisher, seq, pack_record(record)))
+            written[conn] = None
             stats.shares_forwarded += 1
+        # A connection writes what it was sent once per read; this pass runs after the read.
+        for conn in written:
+            flush = getattr(conn, "flush", None)
+            if flush is not None:
+                flush()
 
     # -- silence -----------------------------------------------------------------------------
 
