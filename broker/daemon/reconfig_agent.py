@@ -399,10 +399,14 @@ class ReconfigAgent:
             record["refusals"] = refused
             await self._abort_all(channels, round_id)
             return f"aborted: plan refused: {refused[0]}"
-        if await self._step(channels, Step("connect", round_id)):
+        refused = await self._step(channels, Step("connect", round_id))
+        if refused:
+            record["refusals"] = refused
             await self._abort_all(channels, round_id)
             return "aborted: new links did not come up"
-        if await self._step(channels, Step("freeze", round_id)):
+        refused = await self._step(channels, Step("freeze", round_id))
+        if refused:
+            record["refusals"] = refused
             await self._abort_all(channels, round_id)
             return "aborted: the neighbourhood did not drain"
         tables = self.propose_tables(await self.tables(new_links))

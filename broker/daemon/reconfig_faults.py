@@ -5,16 +5,20 @@ reconfiguration agent from :class:`MisplanningAgent` or :class:`MistablingAgent`
 override the agent's proposal hooks. An honest broker never runs a line of this module.
 
 A misplanning coordinator takes its master turns like an honest one (lock, plan from its
-traffic) and then proposes, round after round, one of three wrong plans:
+traffic) and then proposes, round after round, one of four wrong plans:
 
 * ``cycle``: the honest tree plus one more link, closing a cycle;
 * ``drop``: a tree over the neighbourhood without one of the master's neighbour VNs;
 * ``stranger``: the honest tree plus a link from the master to a VN outside the
-  neighbourhood (one of its directory, or a made-up one).
+  neighbourhood (one of its directory, or a made-up one);
+* ``equivocate``: the honest plan to every member but one sibling replica, which gets the
+  current star (both are sound trees, so each member accepts what it got).
 
 It also sends every member empty tables at install. It accepts its own plans (it does not
-check them, as an honest member would); every honest member checks them against its own
-view and refuses (:func:`reconfig.live.plan_problem`), so the round aborts.
+check them, as an honest member would). Every honest member checks a plan against its own
+view and refuses the first three (:func:`reconfig.live.plan_problem`); the equivocation
+shows in the drain markers, which carry each member's plan digest, so the freeze fails.
+Either way the round aborts.
 
 A mistabling coordinator proposes the honest plan and sends every member wrong tables at
 install: each VN's subscriptions all held from one neighbour (or none, with one), which would
@@ -27,11 +31,11 @@ right tables.
 from __future__ import annotations
 
 from broker.daemon.config import BrokerConfig
-from broker.daemon.reconfig_agent import Neighbourhood, ReconfigAgent, WireTables
+from broker.daemon.reconfig_agent import ControlChannel, Neighbourhood, ReconfigAgent, WireTables
 from overlay.tree import Link, link
-from reconfig.live import OK, Pending, Prepare, Reply, plan_digest
+from reconfig.live import OK, Pending, Prepare, Reply, Step, plan_digest
 
-MISPLANS = ("cycle", "drop", "stranger")
+MISPLANS = ("cycle", "drop", "stranger", "equivocate")
 
 
 class MisplanningAgent(ReconfigAgent):
@@ -40,11 +44,18 @@ class MisplanningAgent(ReconfigAgent):
     def __init__(self, hood: Neighbourhood, config: BrokerConfig) -> None:
         super().__init__(hood, config.reconfig)
         self.proposals = 0
+        self._other_plan: Prepare | None = None
 
     def propose_plan(self, hood: list[str], planned: list[Link]) -> tuple[list[str], list[Link]]:
         kind = MISPLANS[self.proposals % len(MISPLANS)]
         self.proposals += 1
         master = self.hood.vn
+        self._other_plan = None
+        if kind == "equivocate":
+            star = [link(master, vn) for vn in hood if vn != master]
+            round_id = self.coordinating or ""
+            self._other_plan = Prepare("prepare", round_id, master, tuple(hood), tuple(star))
+            return hood, planned
         if kind == "cycle":
             present = {link(a, b) for a, b in planned}
             extra = next(
@@ -62,6 +73,17 @@ class MisplanningAgent(ReconfigAgent):
 
     def propose_tables(self, tables: WireTables) -> WireTables:
         return {vn: ({}, {}) for vn in tables}
+
+    async def _all(self, channels: list[ControlChannel], step: Step) -> list[Reply]:
+        other = self._other_plan
+        if not isinstance(step, Prepare) or other is None or not channels:
+            return await super()._all(channels, step)
+        # A sibling replica gets the other plan when there is one: neighbours' links line up
+        # either way, so only the plan digests in the drain markers can tell.
+        siblings = [c for c in channels if self.hood.directory[c.peer].vn_id == self.hood.vn]
+        odd = (siblings or channels)[-1]
+        rest = [c for c in channels if c is not odd]
+        return [*await super()._all(rest, step), await self._call(odd, other)]
 
     def _prepare(self, step: Prepare) -> Reply:
         if step.round != self.coordinating:

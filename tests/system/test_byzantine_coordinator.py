@@ -5,8 +5,10 @@ streams to subscribers at b2 and b3, so b1 only relays and its coordinator, b1.0
 replica), has a cheaper tree to propose every turn. b1.0 is Byzantine:
 
 * ``misplan``: it proposes a tree with a cycle, one that drops a neighbour VN, one with a link
-  to a VN outside the neighbourhood. Every honest member refuses, naming why, each round
-  aborts, and no link or routing table changes.
+  to a VN outside the neighbourhood, and a sound plan to all but its sibling b1.2, which gets
+  another sound one. Honest members refuse the first three at prepare and the equivocation
+  at the freeze (the drain markers carry the plan digests), naming why; each round aborts,
+  and no link or routing table changes.
 * ``mistable``: it proposes the honest plan but sends wrong tables at install. The plan is
   applied with the tables the members computed or that f + 1 replicas of b1 vouched for.
 
@@ -136,19 +138,26 @@ async def test_a_coordinator_proposing_wrong_plans_is_refused_and_traffic_contin
     stream = Stream()
 
     def refused_each_kind() -> bool:
-        return len(rounds_of(overlay, "b1.0")) >= 3
+        return len(rounds_of(overlay, "b1.0")) >= 4
 
     await stream_until(overlay, stream, refused_each_kind, timeout=40)
     rounds = await asyncio.to_thread(rounds_of, overlay, "b1.0")
-    assert len(rounds) >= 3, rounds
-    assert all(r["outcome"].startswith("aborted: plan refused: ") for r in rounds), rounds
-    refusals = [e for r in rounds for e in r["refusals"]]
+    assert len(rounds) >= 4, rounds
+    outcomes = [r["outcome"] for r in rounds[:4]]
+    assert all(o.startswith("aborted: plan refused: ") for o in outcomes[:3]), outcomes
+    assert outcomes[3] == "aborted: the neighbourhood did not drain", outcomes
+    refusals = [e for r in rounds[:3] for e in r["refusals"]]
     # Honest members of every VN of the neighbourhood refused, each naming why.
     for reason in ("closes a cycle", "drops neighbour VN b", "leaves the neighbourhood"):
         assert any(reason in e for e in refusals), (reason, refusals)
     refusers = {e.split(" ", 1)[0] for e in refusals}
     assert {"b0.0", "b1.1", "b1.2", "b2.2"} <= refusers
     assert "b1.0" not in refusers  # it does not check its own plans
+    # The equivocation: b1.2 saw every neighbour replica drain for another plan.
+    assert any(
+        e.startswith("b1.2: b0.0, b0.1, b0.2, b2.0, b2.1, b2.2 prepared another plan")
+        for e in rounds[3]["refusals"]
+    ), rounds[3]["refusals"]
 
     # Nothing moved: the same tree, links and routing tables as before; no lock left.
     assert await asyncio.to_thread(overlay.live_tree) == tree_before
