@@ -49,6 +49,7 @@ from security.propagation import (
     ShareInbox,
     ShareRecord,
     pack_record,
+    silent_senders,
     threshold_for,
     unpack_record,
 )
@@ -113,8 +114,10 @@ class SecureForwarding:
         self.batch = CertBatch(self.signer) if self.signer is not None else None
         self._outbox: list[tuple[Member, str, int, ShareRecord]] = []
         self._flushing = False
-        # (deadline, epoch) in routing order: when to judge who stayed silent.
+        # (deadline, epoch) in routing order: when to judge who stayed silent; and who sent
+        # anything at all for an epoch (on whatever path it claimed).
         self._deadlines: deque[tuple[float, tuple[str, int]]] = deque()
+        self.heard: OrderedDict[tuple[str, int], list[str]] = OrderedDict()
         self._sweeping = False
 
     @property
@@ -224,6 +227,9 @@ class SecureForwarding:
         key = (publisher, epoch)
         if sender is None:
             sender = publisher
+        heard = self._remember(self.heard, key)
+        if sender not in heard:
+            heard.append(sender)
         sec = self.secs.get(key)
         path = None if sec is None else self._claim(key, sec, record, sender)
         inbox = self.inboxes.get(key, {}).get(path) if path is not None else None
@@ -281,9 +287,11 @@ class SecureForwarding:
         if waiting:
             self.unverified[key] = waiting
 
-    def _blame(self, key: tuple[str, int], broker: str, detail: str, sender: str) -> None:
+    def _blame(self, key: tuple[str, int], broker: str, detail: str, sender: str | None) -> None:
+        """Count and log blame; ``sender`` None: blame for what was not sent (silence)."""
         stats = self.stats
-        stats.bad_shares += 1
+        if sender is not None:
+            stats.bad_shares += 1
         stats.blamed[broker] = stats.blamed.get(broker, 0) + 1
         log.warning("share of %s/%d rejected: %s: %s", key[0], key[1], broker, detail)
         self._log_share(key[0], key[1], sender, broker, detail)
@@ -384,14 +392,19 @@ class SecureForwarding:
             self._sweeping = False
 
     def judge_silence(self, key: tuple[str, int]) -> None:
-        """Blame every upstream replica that sent no share of ``key`` on an agreed path.
+        """Blame every upstream replica of an agreed path that sent no share of ``key``.
 
         Sound because each honest upstream replica holds a share of every epoch routed to
-        this VN (at most f per VN are Byzantine) and sends it as soon as it routes the content.
+        this VN (at most f per VN are Byzantine) and sends it as soon as it routes the
+        content; a share on another path (a link moved mid-epoch) counts as heard.
         """
+        heard = self.heard.get(key, ())
+        blamed: set[str] = set()
         for inbox in self.inboxes.get(key, {}).values():
-            for blame in inbox.silent():
-                self._blame(key, blame.broker, f"{blame.fault}: {blame.detail}", blame.broker)
+            for blame in silent_senders(inbox.path, inbox.level, heard):
+                if blame.broker not in blamed:
+                    blamed.add(blame.broker)
+                    self._blame(key, blame.broker, f"{blame.fault}: {blame.detail}", None)
 
     # -- hooks (wrapped by broker.daemon.faults on a Byzantine test broker) -----------------
 

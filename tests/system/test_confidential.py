@@ -14,6 +14,7 @@ import pytest
 
 import security.publication
 from broker.client import Client
+from broker.daemon.shares import SILENCE_DEADLINE
 from broker.errors import TrellisTimeout
 from broker.tools.local import LocalOverlay, metric_by_label
 from overlay.tree import broker_names, line_tree
@@ -259,3 +260,41 @@ async def test_two_byzantine_of_five_replicas_per_vn_cannot_stop_delivery(run_vn
     got, sub_client = await confidential_exchange(overlay, 8)
     assert got == expected(8)
     assert sub_client.share_culprits() <= set(modes)
+
+
+def share_verdicts(overlay: LocalOverlay, broker_id: str) -> list[dict[str, Any]]:
+    """The share lines of a broker's traffic log so far."""
+    lines = []
+    for path in sorted((overlay.workdir / "traffic" / broker_id).glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                entry = json.loads(line)
+                if entry.get("k") == "share":
+                    lines.append(entry)
+    return lines
+
+
+async def test_a_silent_upstream_replica_is_blamed_once_its_deadline_passed(run_vns) -> None:
+    overlay = run_vns([3, 3], {"b0.1": {"byzantine": "drop"}})
+    got, _ = await confidential_exchange(overlay, 3)
+    assert got == expected(3)
+
+    def blamed(broker_id: str) -> dict[str, int]:
+        return metric_by_label(overlay.metrics(broker_id), "trellis_share_blame_total", "culprit")
+
+    downstream = ("b1.0", "b1.1", "b1.2")
+    deadline = time.monotonic() + SILENCE_DEADLINE + 15
+    counts: list[dict[str, int]] = []
+    while time.monotonic() < deadline:
+        counts = [await asyncio.to_thread(blamed, b) for b in downstream]
+        if all(c.get("b0.1", 0) >= 3 for c in counts):
+            break
+        await asyncio.sleep(0.3)
+    # One blame per key epoch, on the silent replica only.
+    assert counts == [{"b0.1": 3}] * 3
+    silent_lines: list[dict[str, Any]] = []
+    while time.monotonic() < deadline and len(silent_lines) < 3:
+        silent_lines = [v for v in share_verdicts(overlay, "b1.0") if v["cul"] == "b0.1"]
+        await asyncio.sleep(0.3)
+    assert len(silent_lines) == 3
+    assert all("silent" in v["why"] and v["from"] is None for v in silent_lines)
