@@ -15,17 +15,21 @@ import random
 from dataclasses import dataclass, field
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from security import shamir
 from security.envelope import DecryptionError, Signer, new_key, open_sealed, seal
 from security.propagation import (
     SALT_SIZE,
     Blame,
+    CertBatch,
     ChainVerifier,
     Fault,
     Member,
     PathView,
     PropagationError,
+    SealCache,
     ShareInbox,
     ShareRecord,
     SplitCert,
@@ -33,6 +37,8 @@ from security.propagation import (
     coalition_key,
     commitment,
     confidentiality_free,
+    merkle_fold,
+    merkle_tree,
     pack_record,
     publisher_split,
     reconstruct,
@@ -402,3 +408,131 @@ def test_a_valid_share_replayed_from_another_publication_is_blamed_on_its_sender
     inbox = ShareInbox(world.path, PUB_ID, 1, 2)
     assert not inbox.offer(other[2], "publisher")
     assert [b.fault for b in inbox.blames] == [Fault.BAD_SHARE]
+
+
+# -- amortised signatures: Merkle batches, the seal cache, vouching ----------------------------
+
+_leaf_bytes = st.binary(min_size=32, max_size=32)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_leaf_bytes, min_size=1, max_size=70))
+def test_every_leaf_of_a_batch_folds_to_its_root(leaves: list[bytes]) -> None:
+    root, proofs = merkle_tree(leaves)
+    for position, (leaf, proof) in enumerate(zip(leaves, proofs, strict=True)):
+        assert merkle_fold(leaf, position, len(leaves), proof) == root
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_leaf_bytes, min_size=2, max_size=70, unique=True), st.data())
+def test_a_leaf_proven_with_another_leaf_position_or_path_misses_the_root(
+    leaves: list[bytes], data: st.DataObject
+) -> None:
+    root, proofs = merkle_tree(leaves)
+    count = len(leaves)
+    i = data.draw(st.integers(0, count - 1))
+    j = data.draw(st.integers(0, count - 1).filter(lambda j: j != i))
+    assert merkle_fold(leaves[j], i, count, proofs[i]) != root
+    assert merkle_fold(leaves[i], j, count, proofs[i]) != root
+    if proofs[i]:
+        k = data.draw(st.integers(0, len(proofs[i]) - 1))
+        bent = list(proofs[i])
+        bent[k] = bytes(b ^ 1 for b in bent[k])
+        assert merkle_fold(leaves[i], i, count, bent) != root
+        assert merkle_fold(leaves[i], i, count, proofs[i][:-1]) != root
+    assert merkle_fold(leaves[i], i, count, (*proofs[i], root)) is None
+    assert merkle_fold(leaves[i], count, count, proofs[i]) is None
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 12), st.sampled_from([1, 3, 5]))
+def test_a_batch_of_splits_costs_one_signature_and_each_verifies(splits: int, r: int) -> None:
+    world = make_world([3, r])
+    holder = world.replicas[0][1]
+    batch = CertBatch(holder)
+    outgoing = []
+    for n in range(splits):
+        pub_id = f"publisher/{n}".encode()
+        top = publisher_split(new_key(), 2, 3, world.publisher, pub_id)
+        outgoing.append((pub_id, batch.split(top[1], threshold_for(r), r)))
+    sealed = batch.seal()
+    assert batch.signatures == 1
+    assert len(sealed) == splits
+    assert len(batch) == 0
+    assert len({cert.signature for cert in sealed.values()}) == 1
+    for pub_id, subs in outgoing:
+        cert = sealed[subs[0].certs[-1]]
+        for sub in subs:
+            record = dataclasses.replace(sub, certs=(*sub.certs[:-1], cert))
+            assert ChainVerifier(world.path).record_problem(record, pub_id) is None
+            # and the statement as sent, unsealed, does not
+            assert ChainVerifier(world.path).record_problem(sub, pub_id) is not None
+
+
+def test_a_batch_root_is_verified_once_per_cache_and_a_forgery_never_enters_it() -> None:
+    world = make_world([3, 3])
+    batch = CertBatch(world.replicas[0][0])
+    records = [
+        publisher_split(new_key(), 2, 3, world.publisher, f"publisher/{n}".encode())[0]
+        for n in range(5)
+    ]
+    subs = [batch.split(record, 2, 3) for record in records]
+    sealed = batch.seal()
+    cache = SealCache()
+    for split in subs:
+        cert = sealed[split[0].certs[-1]]
+        assert ChainVerifier(world.path, cache=cache).seal_ok(cert)
+    assert cache.verified == 1  # five certificates, one root, one Ed25519 verification
+    forged = dataclasses.replace(
+        sealed[subs[0][0].certs[-1]], signature=bytes(64), commitments=(bytes(32),) * 3
+    )
+    for _ in range(2):
+        assert not ChainVerifier(world.path, cache=cache).seal_ok(forged)
+    assert cache.verified == 3, "a failed verification is never cached as good"
+
+
+def _with_bad_upper_seal(world: World) -> list[ShareRecord]:
+    """vn1.r0 vouches (signs below) for a publisher certificate whose seal is garbage."""
+    top = publisher_split(new_key(), 2, 3, world.publisher, PUB_ID)
+    broken = dataclasses.replace(top[0].certs[0], signature=bytes(64))
+    bad_top = dataclasses.replace(top[0], certs=(broken,))
+    return resplit(bad_top, 2, 3, world.replicas[0][0])
+
+
+def test_a_broker_trusts_what_its_sender_vouched_for_and_an_audit_blames_the_voucher() -> None:
+    world = make_world([3, 3])
+    children = _with_bad_upper_seal(world)
+    inbox = ShareInbox(world.path, PUB_ID, 2, 1)
+    assert inbox.offer(children[1], "vn1.r0")  # checks vn1.r0's own seal only
+    fault = ChainVerifier(world.path).record_fault(children[1], PUB_ID)
+    assert fault is not None
+    assert fault[1] == "vn1.r0"
+    result = reconstruct([("vn2.r1", children[1])], world.path, PUB_ID)
+    assert [(b.broker, b.fault) for b in result.blame] == [("vn1.r0", Fault.BAD_SHARE)]
+
+
+def test_a_share_whose_own_seal_fails_is_blamed_on_its_sender() -> None:
+    world = make_world([3, 3])
+    top = publisher_split(new_key(), 2, 3, world.publisher, PUB_ID)
+    children = resplit(top[0], 2, 3, world.replicas[0][0])
+    cert = children[1].certs[-1]
+    forged = dataclasses.replace(children[1], certs=(top[0].certs[0], replace_seal(cert)))
+    inbox = ShareInbox(world.path, PUB_ID, 2, 1)
+    assert not inbox.offer(forged, "vn1.r0")
+    assert [(b.broker, b.fault) for b in inbox.blames] == [("vn1.r0", Fault.BAD_SHARE)]
+    result = reconstruct([("vn2.r1", forged)], world.path, PUB_ID)
+    assert [(b.broker, b.fault) for b in result.blame] == [("vn2.r1", Fault.BAD_SHARE)]
+
+
+def replace_seal(cert: SplitCert) -> SplitCert:
+    return dataclasses.replace(cert, signature=bytes(b ^ 0xFF for b in cert.signature))
+
+
+def test_the_quick_pass_finds_the_key_without_any_signature_check() -> None:
+    world = make_world([3, 3])
+    key = new_key()
+    deliveries = [(world.path.holder(r.lineage).id, r) for r in _honest_leaves(world, key)]
+    cache = SealCache()
+    quick = ChainVerifier(world.path, seals="none", cache=cache)
+    assert reconstruct(deliveries, world.path, PUB_ID, verifier=quick).key == key
+    assert cache.verified == 0
