@@ -59,6 +59,7 @@ STAMP = struct.Struct("<dI")  # send time (CLOCK_MONOTONIC), sequence marker
 EPOCH = 100
 EPOCH_MODE = f"conf-epoch{EPOCH}"
 MODES = ("plain", "confidential", EPOCH_MODE)
+R1_MODE = "plain-r1"  # plain on the same line with unreplicated brokers
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 COMMAND_TIMEOUT = 90.0
 SCRIPT = str(Path(__file__).resolve())
@@ -517,7 +518,7 @@ def analytic_bytes() -> dict[str, dict[str, float]]:
     sealed, sec = epoch.seal(signer, seq, attrs, body)
     level1 = epoch.records
     conf_pub = sum(
-        len(encode(Publish(0, seq, attrs, sealed, {**sec, "share": pack_record(rec)})))
+        len(encode(Publish(0, seq, attrs, sealed, sec.with_share(pack_record(rec)))))
         for rec in level1
     )
     fwd = len(encode_forward(PUB_ID, seq, attrs, sealed, sec))
@@ -584,14 +585,169 @@ def crypto_costs(samples: int = 300) -> dict[str, float]:
     }
 
 
-# Ed25519 operations per publication, r = 3 on b0-b1-b2, fresh key per publication (read from
-# broker/client.py, broker/secure.py, broker/server.py, security/propagation.py on 2026-11-22,
-# before the restructuring):
-# signs: publisher 2 (content, root split); b0 3 x 1 re-split; b1 3 x 3 re-splits = 14.
-# verifies: content signature at all 9 brokers (first copy per replica) = 9; share chains
-# (ShareInbox, one per distinct certificate): b0 3 x 1, b1 3 x (1 + 3), b2 3 x (1 + 3 + 9) = 54;
-# subscriber reconstruction 1 + 3 + 9 = 13.  Total 14 signs, 76 verifies.
+# Ed25519 operations per confidential publication, r = 3 on b0-b1-b2, a fresh key per
+# publication, one publication in flight (the latency case; read from broker/client.py,
+# broker/daemon/shares.py and security/ on 2026-11-23, after batching). Signs: publisher 2
+# (content, root split); each broker signs once per event-loop pass that split something: b0 3,
+# b1 3 to 9 (its three shares arrive in one to three passes). Verifies: the edge's publisher
+# signature 3 and root seal 3; each broker verifies only its sender's batch root (b1 3 x 3,
+# b2 3 x 3 to 9); the subscriber's audit 1 + 3 + 3 to 9. With many publications in flight a
+# pass covers many publications and every per-pass figure is divided among them.
+# Before (2026-11-22): 14 signs, 76 verifies per publication, whatever the load.
 ED25519_OPS = {"sign": 14, "verify": 9 + 54 + 13}
+
+
+def pipeline_breakdown(pubs: int = 60, per_pass: int = 20) -> dict[str, dict[str, float]]:
+    """Where share work goes, in one process: µs per publication by kind of work, for the
+    whole r = 3, 3-VN pipeline (publisher split, three relaying VNs, subscriber assembly),
+    one publication per event-loop pass (latency case) and ``per_pass`` per pass (stream).
+
+    Every broker's and the subscriber's work runs here in turn, so this is the sum of the
+    CPU the processes spend on shares, without sockets, frames or the event loop.
+    """
+    import cProfile
+    import pstats
+
+    from security import propagation, shamir
+    from security.envelope import Signer, public_key_to_bytes
+    from security.paths import KeyAssembly
+    from security.propagation import (
+        CertBatch,
+        ChainVerifier,
+        SealCache,
+        ShareInbox,
+        pack_record,
+        unpack_record,
+    )
+    from security.publication import EpochKey, publication_id
+
+    names = broker_names(VNS)
+    publisher = Signer.generate(PUB_ID)
+    signers = {f"{vn}.{i}": Signer.generate(f"{vn}.{i}") for vn in names for i in range(REPLICAS)}
+
+    class Manifest:
+        def __init__(self) -> None:
+            self.members = {vn: tuple(f"{vn}.{i}" for i in range(REPLICAS)) for vn in names}
+            self.keys = {b: public_key_to_bytes(s.public_key) for b, s in signers.items()}
+
+        def owner(self, broker_id: str) -> str | None:
+            vn = broker_id.rpartition(".")[0]
+            return vn if vn in self.members else None
+
+    manifest = Manifest()
+    from security.paths import path_view
+
+    def pipeline(first: int, count: int) -> None:
+        # One seal cache per process, as in the overlay: the subscriber's is the default.
+        caches = {b: SealCache() for b in signers}
+        propagation.DEFAULT_SEALS = SealCache()
+        epochs = []
+        for seq in range(first, first + count):
+            epoch = EpochKey.start(publisher, seq, names[0], REPLICAS)
+            sealed, sec = epoch.seal(publisher, seq, {"class": "bench"}, b"x" * PAYLOAD_SIZE)
+            view = path_view(manifest, PUB_ID, sec, tuple(names))
+            epochs.append((seq, sec, sealed, view, [pack_record(r) for r in epoch.records]))
+        # level 1: each edge replica gets its share from the publisher
+        inflight = {
+            (seq, j): [(PUB_ID, raw)] for seq, _, _, _, raws in epochs for j, raw in enumerate(raws)
+        }
+        for level, vn in enumerate(names, 1):
+            nxt: dict[tuple[int, int], list[tuple[str, bytes]]] = {}
+            for j in range(REPLICAS):
+                me = f"{vn}.{j}"
+                batch = CertBatch(signers[me])
+                outbox = []
+                for seq, _, _, view, _ in epochs:
+                    pub_id = publication_id(PUB_ID, seq)
+                    verifier = ChainVerifier(view, seals="last", cache=caches[me])
+                    inbox = ShareInbox(view, pub_id, level, j, verifier)
+                    for sender, raw in inflight.get((seq, j), []):
+                        inbox.offer(unpack_record(raw), sender)
+                    for record in inbox.records:
+                        if level == len(names):
+                            nxt.setdefault((seq, -1), []).append((me, pack_record(record)))
+                        else:
+                            outbox.append((seq, batch.split(record, 2, REPLICAS)))
+                sealed_certs = batch.seal()
+                for seq, subs in outbox:
+                    cert = sealed_certs[subs[0].certs[-1]]
+                    for i, sub in enumerate(subs):
+                        sent = pack_record(replace_cert(sub, cert))
+                        nxt.setdefault((seq, i), []).append((me, sent))
+            inflight = nxt
+        for seq, sec, sealed, _, _ in epochs:
+            assembly = KeyAssembly(PUB_ID, seq)
+            assembly.sec = sec
+            for sender, raw in inflight[(seq, -1)]:
+                assembly.add(sender, unpack_record(raw))
+                assembly.recover(manifest, names[-1])
+            assert assembly.open(seq, {"class": "bench"}, sealed) is not None
+
+    def replace_cert(record: Any, cert: Any) -> Any:
+        from dataclasses import replace
+
+        return replace(record, certs=(*record.certs[:-1], cert))
+
+    def per_call(fn: Any, n: int = 2000) -> float:
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - t) / n
+
+    secret = b"s" * 64
+    parts = shamir.split(secret, 2, REPLICAS)
+    shamir_cost = {
+        "split": per_call(lambda: shamir.split(secret, 2, REPLICAS)),
+        "combine": per_call(lambda: shamir.combine(parts[:2], 2)),
+    }
+    # C calls are timed accurately by the profiler; Python functions are not (its per-call
+    # overhead lands on them), so Shamir is counted and timed alone and the rest of the
+    # Python work is what remains of the wall time measured without the profiler.
+    kinds = {
+        "Ed25519 sign": ("sign' of 'cryptography",),
+        "Ed25519 verify": ("verify' of 'cryptography",),
+        "SHA-256 (commitments, Merkle, digests)": ("openssl_sha256", "digest' of '_hashlib"),
+        "msgpack pack/unpack": ("method 'packb'", "built-in method unpackb", "msgpack"),
+    }
+    out: dict[str, dict[str, float]] = {}
+    for label, per in (("one per pass", 1), (f"{per_pass} per pass", per_pass)):
+
+        def run_all(per: int = per) -> None:
+            seq = 1
+            while seq <= pubs:
+                pipeline(seq, per)
+                seq += per
+
+        t0 = time.perf_counter()
+        run_all()
+        wall = (time.perf_counter() - t0) / pubs * 1e6
+        profile = cProfile.Profile()
+        profile.enable()
+        run_all()
+        profile.disable()
+        stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+        row = dict.fromkeys(kinds, 0.0)
+        calls = {"sign": 0, "verify": 0}
+        shamir_us = 0.0
+        for (filename, _line, func), (_cc, ncalls, tt, _ct, _callers) in stats.items():
+            name = f"{filename}:{func}"
+            if filename.endswith("shamir.py") and func in shamir_cost:
+                shamir_us += ncalls * shamir_cost[func] * 1e6
+                continue
+            for kind, needles in kinds.items():
+                if any(n in name for n in needles):
+                    row[kind] += tt * 1e6
+                    if kind.startswith("Ed25519"):
+                        calls[kind.split()[1]] += ncalls
+                    break
+        row = {k: v / pubs for k, v in row.items()}
+        row["Shamir split/combine"] = shamir_us / pubs
+        row["other Python (records, checks, assembly)"] = wall - sum(row.values())
+        row["total"] = wall
+        row["signs / publication"] = calls["sign"] / pubs
+        row["verifies / publication"] = calls["verify"] / pubs
+        out[label] = row
+    return out
 
 
 async def orchestrate(args: argparse.Namespace) -> None:
@@ -600,8 +756,9 @@ async def orchestrate(args: argparse.Namespace) -> None:
     window = args.window
     names = broker_names(VNS)
     started = time.monotonic()
-    results: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    results: dict[str, list[dict[str, Any]]] = {m: [] for m in (*MODES, R1_MODE)}
     children: list[Child] = []
+    overlays: list[LocalOverlay] = []
     with tempfile.TemporaryDirectory(prefix="bench-conf-") as tmp:
         overlay = await asyncio.to_thread(
             start_overlay,
@@ -610,6 +767,7 @@ async def orchestrate(args: argparse.Namespace) -> None:
             None,
             replicas=dict.fromkeys(names, REPLICAS),
         )
+        overlays.append(overlay)
         try:
             rfd, wfd = os.pipe()
             sub = await Child.start(
@@ -638,6 +796,37 @@ async def orchestrate(args: argparse.Namespace) -> None:
                 if not (await pub.ask(op="warm", mode=mode, seconds=15.0))["ok"]:
                     raise RuntimeError(f"no {mode} warm-up publication was delivered")
             meter = Meter(overlay, {"pub": pub.pid, "sub": sub.pid})
+            # The same line with unreplicated brokers (r = 1), for the cost of replication.
+            plain1 = await asyncio.to_thread(
+                start_overlay, Path(tmp) / "r1", line_tree(names), None, replicas=None
+            )
+            overlays.append(plain1)
+            rfd, wfd = os.pipe()
+            sub1 = await Child.start(
+                "sub",
+                [
+                    "--endpoints",
+                    ",".join(plain1.endpoints(names[-1])),
+                    "--manifest",
+                    str(plain1.manifest_path),
+                    "--fd",
+                    str(wfd),
+                    "--queue",
+                    str(window + 1000),
+                ],
+                wfd,
+            )
+            children.append(sub1)
+            pub1 = await Child.start(
+                "pub", ["--endpoints", ",".join(plain1.endpoints(names[0])), "--fd", str(rfd)], rfd
+            )
+            children.append(pub1)
+            os.close(rfd)
+            os.close(wfd)
+            await asyncio.to_thread(plain1.wait_quiet)
+            if not (await pub1.ask(op="warm", mode="plain", seconds=15.0))["ok"]:
+                raise RuntimeError("no plain warm-up publication was delivered at r = 1")
+            meter1 = Meter(plain1, {"pub": pub1.pid, "sub": sub1.pid})
             for run in range(runs):
                 order = MODES if run % 2 == 0 else MODES[::-1]
                 for mode in order:
@@ -665,10 +854,22 @@ async def orchestrate(args: argparse.Namespace) -> None:
                     )
                     for warning in res["warnings"]:
                         print("   subscriber:", warning)
+                res = await measure_mode(
+                    "plain", pub1, sub1, meter1, pings, window, seconds, f"r{run}r1"
+                )
+                results[R1_MODE].append(res)
+                print(
+                    f"run {run + 1}/{runs} {R1_MODE:<12} lat {res['lat_median_us']:7.0f} µs "
+                    f"p99 {res['lat_p99_us']:7.0f} µs  {res['msg_per_s']:7.0f} msg/s "
+                    f"({res['delivered']}/{res['sent']})  broker CPU "
+                    f"{res['broker_cpu_us']:6.0f} µs/msg  {res['broker_bytes']:7.0f} B/pub",
+                    flush=True,
+                )
         finally:
             for child in children:
                 await child.stop()
-            await asyncio.to_thread(overlay.stop)
+            for each in overlays:
+                await asyncio.to_thread(each.stop)
             warnings = [
                 f"{b}: {line}"
                 for b, p in sorted(overlay.brokers.items())
@@ -678,6 +879,17 @@ async def orchestrate(args: argparse.Namespace) -> None:
             ]
     wall = time.monotonic() - started
     report(results, analytic_bytes(), crypto_costs(), runs, pings, window, seconds, wall)
+    report_replication(results, runs)
+    breakdown = pipeline_breakdown()
+    print()
+    print("where share work goes, per confidential publication (all processes' share work run")
+    print("in one process, no sockets or event loop; µs, and Ed25519 operations):")
+    head = list(breakdown)
+    print(f"| {'work':<43} | " + " | ".join(f"{h:>14}" for h in head) + " |")
+    print(f"|{'-' * 45}|" + "|".join("-" * 15 + ":" for _ in head) + "|")
+    for key in breakdown[head[0]]:
+        cells = " | ".join(f"{breakdown[h][key]:>14,.1f}" for h in head)
+        print(f"| {key:<43} | {cells} |")
     print(f"broker log warnings/errors: {len(warnings)}")
     for line in warnings[:8]:
         print("  " + line[:200])
@@ -753,8 +965,9 @@ def report(
     }
     print(
         f"Ed25519 here: sign {crypto['sign']:.0f} µs, verify {crypto['verify']:.0f} µs; "
-        f"{ED25519_OPS['sign']} signs + {ED25519_OPS['verify']} verifies per confidential "
-        f"publication = {floor:,.0f} µs of CPU (measured CPU per publication, brokers + "
+        f"before batching, {ED25519_OPS['sign']} signs + {ED25519_OPS['verify']} verifies per "
+        f"confidential publication = {floor:,.0f} µs of CPU (the counts now: the last table; "
+        f"measured CPU per publication, brokers + "
         f"clients: plain {total[plain]:,.0f} µs, confidential {total[conf]:,.0f} µs, "
         f"epoch {EPOCH} {total[epoch]:,.0f} µs)"
     )
@@ -788,6 +1001,29 @@ def report(
         f"log bytes written during a stream (subtracted): at most {logged}; CPU busy during "
         f"the streams (cores of 2): {busy}; bench wall time {wall:.0f} s"
     )
+
+
+def report_replication(results: dict[str, list[dict[str, Any]]], runs: int) -> None:
+    """Replicated plain (r = 3) against unreplicated plain (r = 1) on the same line."""
+
+    def med(mode: str, key: str) -> float:
+        values = [r[key] for r in results[mode]]
+        return statistics.median(values) if values else float("nan")
+
+    print()
+    print(f"replicated plain (r = {REPLICAS}, 9 brokers) vs unreplicated plain (r = 1, 3 brokers),")
+    print(f"same 3-VN line, same run, medians of {runs} run(s):")
+    print(f"| {'metric':<43} | {'r = 1':>10} | {'r = 3':>10} | {'r3/r1':>10} |")
+    print(f"|{'-' * 45}|" + "|".join("-" * 11 + ":" for _ in range(3)) + "|")
+    for key, label in (
+        ("lat_median_us", "latency median (µs)"),
+        ("lat_p99_us", "latency p99 (µs)"),
+        ("msg_per_s", "throughput (msg/s delivered)"),
+        ("broker_cpu_us", "broker CPU / delivered msg, all brokers (µs)"),
+        ("broker_bytes", "bytes written by brokers / publication"),
+    ):
+        one, three = med(R1_MODE, key), med("plain", key)
+        print(f"| {label:<43} | {one:>10,.0f} | {three:>10,.0f} | {three / one:>9.2f}x |")
 
 
 def main() -> None:
