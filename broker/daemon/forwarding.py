@@ -134,16 +134,21 @@ class Forwarder:
         if sender in self.silent:
             self.silent.discard(sender)
         vn = source.peer_id
-        key = (vn, msg.publisher)
-        stream = self.streams.get(key)
-        if stream is None:
-            stream = self.streams[key] = ReplicatedStream((source.size - 1) // 2)
-            self.upstream[vn] = source
         tlog = self.tlog
         if tlog is not None:
             tlog.append(
                 ("copy", time.time(), msg.publisher, msg.seq, vn, sender, zlib.crc32(msg.payload))
             )
+        if source.size < 3:
+            # f = 0: the upstream VN tolerates no Byzantine replica, so its first copy is as
+            # good as any (each replica sends in order; later copies are duplicates).
+            self._route_agreed(source, [(msg.seq, msg)])
+            return
+        key = (vn, msg.publisher)
+        stream = self.streams.get(key)
+        if stream is None:
+            stream = self.streams[key] = ReplicatedStream((source.size - 1) // 2)
+            self.upstream[vn] = source
         released = stream.offer(sender, msg.seq, content_of(msg), msg, now)
         if stream.blames:
             self._blame(stream)
