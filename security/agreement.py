@@ -39,7 +39,7 @@ The class is pure: no clocks and no I/O. Callers pass ``now`` (any monotonic clo
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
+from array import array
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -49,7 +49,8 @@ __all__ = ["ALTERED", "FLOODING", "TWO_VERSIONS", "Blame", "ReplicatedStream"]
 S = TypeVar("S", bound=Hashable)
 T = TypeVar("T")
 
-_RECENT = 128
+_RECENT = 1024
+_ABANDONED = -1  # hash() never returns -1
 
 
 ALTERED = "altered"
@@ -120,7 +121,11 @@ class ReplicatedStream(Generic[S, T]):
         self._high: dict[S, int] = {}
         self._load: dict[S, int] = {}
         self._flooding: set[S] = set()
-        self._decided: OrderedDict[int, Hashable | None] = OrderedDict()
+        # The last _RECENT decided sequences, by seq % _RECENT, with the hash of the released
+        # content (_ABANDONED: none), to blame late copies: a copy whose hash differs differs
+        # in content, so blaming on it is sound (16 KiB per stream).
+        self._decided_seq = array("q", [-1]) * _RECENT
+        self._decided_hash = array("q", [_ABANDONED]) * _RECENT
 
     @property
     def waiting(self) -> int:
@@ -235,14 +240,16 @@ class ReplicatedStream(Generic[S, T]):
                 if winner is not None and content != winner:
                     self.blames.append(Blame(source, seq, ALTERED))
         self.floor = seq
-        decided = self._decided
-        decided[seq] = winner
-        if len(decided) > _RECENT:
-            decided.popitem(last=False)
+        slot = seq % _RECENT
+        self._decided_seq[slot] = seq
+        self._decided_hash[slot] = _ABANDONED if winner is None else hash(winner)
 
     def _late(self, source: S, seq: int, content: Hashable) -> None:
-        winner = self._decided.get(seq)
-        if winner is not None and content != winner:
+        slot = seq % _RECENT
+        if self._decided_seq[slot] != seq:
+            return
+        winner = self._decided_hash[slot]
+        if winner != _ABANDONED and hash(content) != winner:
             self.blames.append(Blame(source, seq, ALTERED))
 
     def _flood(self, source: S, seq: int) -> None:

@@ -220,3 +220,14 @@ def test_a_source_flooding_undecided_copies_is_cut_off_and_blamed() -> None:
 def test_faults_must_not_be_negative() -> None:
     with pytest.raises(ValueError, match="faults"):
         ReplicatedStream[str, bytes](-1)
+
+
+def test_an_altered_copy_arriving_hundreds_of_publications_late_is_still_blamed() -> None:
+    stream = ReplicatedStream[str, bytes](1)
+    for seq in range(1, 601):
+        stream.offer("a", seq, b"good", b"good")
+        stream.offer("b", seq, b"good", b"good")
+    stream.offer("bad", 1, b"good", b"good")
+    assert stream.blames == []
+    stream.offer("bad", 2, b"evil", b"evil")
+    assert [(b.source, b.seq, b.fault) for b in stream.blames] == [("bad", 2, "altered")]
