@@ -50,25 +50,31 @@ install a wrong plan, wrong links or wrong routing tables. The rule, in three pa
   Replacing the star of a tree by any spanning tree over the same VNs leaves a tree over
   all VNs, every VN with its own replicas, so a plan the master VN's honest replicas accept
   is a valid rearrangement (it may not be the cheapest: the search is the coordinator's).
-* **Every honest member holds the same plan before anything is routed differently**: the
-  drain markers carry the plan's digest, a replica of the master VN sends no wave-2 marker
-  unless every wave-1 marker matched its plan, and a member whose markers disagree refuses
-  the freeze. Every replica of the master VN is linked to every replica of each neighbour
-  VN, so a plan equivocated to some members stops the round for all; a member installs
-  only after its freeze succeeded.
+* **Plans are compared before anyone drains**: the drain markers carry the plan's digest,
+  a replica of the master VN sends no wave-2 marker unless every wave-1 marker matched its
+  plan, and a member whose markers disagree refuses the freeze. Every replica of the master
+  VN is linked to every replica of each neighbour VN, so a member of another VN drains only
+  when every honest member holds its plan, and a master replica only when every honest
+  member of the other VNs holds its plan; a member installs only after it drained.
 * **No member installs tables only the coordinator computed**: replicas of the master VN
   compute their own (the star's entries are the same at every honest replica once the
   neighbourhood is drained, and ``hood_routing`` is deterministic); every other member
   installs the tables ``f + 1`` distinct replicas of the master VN vouched for over their
   broker links (:func:`reconfig.live.vouch_quorum`), at least one of them honest. The
-  coordinator's ``install`` tables only break a tie; a mismatch is logged.
+  coordinator's ``install`` tables only break a tie; a mismatch is logged. A drained
+  member of another VN that holds such vouches but never hears ``install`` (or hears
+  ``resume`` first) installs them when its lease ends: a replica of the master VN has
+  switched, so going back would leave it alone on the old tree.
 
 Traffic is held back at most one lease per lock: asking again for a lock does not extend
 it, and ``unlock`` after ``prepare`` undoes the round like ``abort``.
 
 What a Byzantine coordinator can still do is deny service: refuse to run rounds, propose
 trees that do not lower the cost, or, as a crashed one can, leave a round half-applied by
-sending ``install`` to some members and not others (those abort when their lease ends).
+sending ``install`` to some replicas of the master VN and not others (those go back when
+their lease ends; nothing tells them a sibling switched), so the master VN's replicas
+disagree on its neighbours, as if some were faulty. Closing that needs a commit wave
+(going forward on f + 1 echoes from every VN rather than on the coordinator's word).
 A Byzantine replica of a neighbour VN can make rounds abort (wrong marker digests).
 ``broker.daemon.reconfig_faults`` holds Byzantine coordinators for tests.
 
@@ -84,7 +90,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -549,7 +555,10 @@ class ReconfigAgent:
                 reply = Reply(False, f"{me}: {exc}")
             answer(reply)
 
-        task = asyncio.get_running_loop().create_task(serve())
+        self._spawn(serve())
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -612,10 +621,16 @@ class ReconfigAgent:
         self._lease_timer = loop.call_later(seconds + 0.01, self._expire_lease)
 
     def _expire_lease(self) -> None:
-        """Drop a lease whose master went silent, undoing a round it left half-done."""
+        """Drop a lease whose master went silent, undoing a round it left half-done (or
+        finishing one its master VN's replicas vouched they installed)."""
         lease = self.member.expired(time.monotonic())
         if lease is not None:
             log.warning("lock of master %s (round %s) expired", lease.master, lease.round)
+            pending = self.member.pending
+            if pending is not None and pending.round == lease.round and self._go_forward(pending):
+                self.resume(pending)
+                self._spawn(self.persist_links())
+                return
             self.abort(lease.round)
             self._release()
 
@@ -712,9 +727,17 @@ class ReconfigAgent:
                     h.vn,
                 )
         else:
-            chosen = await self._vouched_tables(pending, offered)
-            if isinstance(chosen, Reply):
-                return chosen
+            if not await self._until(
+                lambda: self._vouched_tables(pending, offered) is not None,
+                self.settings.step_timeout,
+            ):
+                return Reply(
+                    False,
+                    f"{h.broker_id}: no tables for {h.vn} vouched for by f + 1 replicas of "
+                    f"master {pending.master}",
+                )
+            chosen = self._vouched_tables(pending, offered)
+            assert chosen is not None
             wire_held, wire_sent = chosen
             if tables_digest(pending.round, wire_held, wire_sent) != offered:
                 log.warning(
@@ -722,15 +745,38 @@ class ReconfigAgent:
                     " installing the vouched ones",
                     pending.round,
                 )
+        self._switch(pending, wire_held, wire_sent)
+        return OK
+
+    def _switch(
+        self, pending: Pending, wire_held: Mapping[str, Any], wire_sent: Mapping[str, Any]
+    ) -> None:
         held: Tables = {
             vn: (_filters(entry["adv"]), _filters(entry["sub"])) for vn, entry in wire_held.items()
         }
         sent = {vn: _filters(subs) for vn, subs in wire_sent.items()}
+        h = self.hood
         h.end_standby(pending.added)
         h.install_hood(pending.hood, pending.new_neighbours, held, sent)
         h.flush()
         pending.installed = True
-        return OK
+
+    def _go_forward(self, pending: Pending) -> bool:
+        """Install, without the coordinator's ``install``, a drained round that f + 1
+        replicas of the master VN vouched tables for: at least one honest replica installed
+        it, so going back would leave this broker on a tree its master VN left."""
+        if pending.installed or not pending.drained or self.hood.vn == pending.master:
+            return False
+        chosen = self._vouched_tables(pending, "")
+        if chosen is None:
+            return False
+        log.warning(
+            "round %s: no install from master %s; installing what its replicas vouched for",
+            pending.round,
+            pending.master,
+        )
+        self._switch(pending, *chosen)
+        return True
 
     def _vouch(self, pending: Pending, tables: WireTables) -> None:
         """Send every member of the other VNs the tables this master replica computed for
@@ -751,34 +797,22 @@ class ReconfigAgent:
             h.send_on_link(peer, Reconf("marker", data))
         h.flush()
 
-    async def _vouched_tables(
+    def _vouched_tables(
         self, pending: Pending, offered: str
-    ) -> tuple[Mapping[str, Any], Mapping[str, Any]] | Reply:
+    ) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
         """Tables for this VN that f + 1 distinct replicas of the master VN vouched for
-        (the coordinator's choice first, if it is one of them)."""
-        h = self.hood
-        replicas = [n for n in h.directory.values() if n.vn_id == pending.master]
+        (``offered``, the coordinator's, first if it is one of them), or None yet."""
+        replicas = [n for n in self.hood.directory.values() if n.vn_id == pending.master]
         need = vouch_quorum(max((n.vn_size for n in replicas), default=1))
         peers = {n.id for n in replicas}
-
-        def quorate() -> list[str]:
-            digests = sorted(self._vouched.get(pending.round, {}))
-            return [
-                d
-                for d in sorted(digests, key=lambda d: d != offered)  # stable: offered first
-                if len(self.markers.vouchers(pending.round, VOUCH, d, peers)) >= need
-            ]
-
-        if not await self._until(lambda: bool(quorate()), self.settings.step_timeout):
-            return Reply(
-                False,
-                f"{h.broker_id}: no tables for {h.vn} vouched for by {need} replicas of "
-                f"master {pending.master}",
-            )
-        return self._vouched[pending.round][quorate()[0]]
+        vouched = self._vouched.get(pending.round, {})
+        for digest in sorted(sorted(vouched), key=lambda d: d != offered):  # offered first
+            if len(self.markers.vouchers(pending.round, VOUCH, digest, peers)) >= need:
+                return vouched[digest]
+        return None
 
     async def _resume(self, pending: Pending, step: Step) -> Reply:
-        if not pending.installed:
+        if not pending.installed and not self._go_forward(pending):
             # Nothing new to route on: going back is the only consistent way out.
             self.abort(pending.round)
             return Reply(False, f"{self.hood.broker_id} had not installed; round undone")

@@ -25,7 +25,9 @@ install: each VN's subscriptions all held from one neighbour (or none, with one)
 route publications away from their subscribers; it vouches for those tables too. Members
 never install tables only the coordinator sent (replicas of the master VN compute their own;
 the others take what f + 1 of them vouched for), so the round applies the plan with the
-right tables.
+right tables. It also never sends ``install`` or ``resume`` to one member of another VN (the
+largest id of the neighbourhood); that member, drained, installs what f + 1 replicas of the
+master VN vouched for when its lease ends, instead of going back alone.
 """
 
 from __future__ import annotations
@@ -111,8 +113,21 @@ class MistablingAgent(ReconfigAgent):
     """A coordinator that sends tables routing subscriptions away (``byzantine =
     mistable``), and vouches for them as a replica of the master VN."""
 
+    _left_out = ""
+
     def _vouch(self, pending: Pending, tables: WireTables) -> None:
         super()._vouch(pending, self.propose_tables(tables))
+
+    async def _call(self, channel: ControlChannel, step: Step) -> Reply:
+        # One member of another VN never hears install or resume: left frozen and drained.
+        if step.op == "install":
+            pending = self.member.pending
+            hood = pending.hood - {self.hood.vn} if pending is not None else set()
+            members = (p for p, n in self.hood.directory.items() if n.vn_id in hood)
+            self._left_out = max(members, default="")
+        if step.op in ("install", "resume") and channel.peer == self._left_out:
+            return OK
+        return await super()._call(channel, step)
 
     def propose_tables(self, tables: WireTables) -> WireTables:
         wrong: WireTables = {}

@@ -9,8 +9,10 @@ replica), has a cheaper tree to propose every turn. b1.0 is Byzantine:
   another sound one. Honest members refuse the first three at prepare and the equivocation
   at the freeze (the drain markers carry the plan digests), naming why; each round aborts,
   and no link or routing table changes.
-* ``mistable``: it proposes the honest plan but sends wrong tables at install. The plan is
-  applied with the tables the members computed or that f + 1 replicas of b1 vouched for.
+* ``mistable``: it proposes the honest plan but sends (and vouches for) wrong tables at
+  install, and never sends b2.2 ``install`` or ``resume``. The plan is applied with the
+  tables the members computed or that f + 1 replicas of b1 vouched for, b2.2 included: it
+  installs those when its lease ends instead of going back alone.
 
 Either way every subscriber gets every publication exactly once, in order, byte for byte,
 including those published while the rounds ran.
@@ -169,21 +171,30 @@ async def test_a_coordinator_proposing_wrong_plans_is_refused_and_traffic_contin
     assert_exactly_once_in_order(overlay, stream)
 
 
-async def test_tables_only_the_coordinator_sent_are_not_installed(
+async def test_wrong_or_withheld_tables_from_the_coordinator_are_not_what_members_install(
     run_overlay: Callable[..., LocalOverlay],
 ) -> None:
     overlay = start(run_overlay, "mistable")
     stream = Stream()
 
-    def applied() -> bool:
-        return any(r["outcome"] == "applied" for r in rounds_of(overlay, "b1.0"))
+    def applied_everywhere() -> bool:
+        applied = any(r["outcome"] == "applied" for r in rounds_of(overlay, "b1.0"))
+        info = fetch_json(overlay.brokers["b2.2"].admin_url + "/reconfig")
+        return applied and info["locked_by"] is None  # b2.2's lease has ended
 
-    await stream_until(overlay, stream, applied, timeout=40)
-    assert await asyncio.to_thread(applied)
+    await stream_until(overlay, stream, applied_everywhere, timeout=40)
+    assert await asyncio.to_thread(applied_everywhere)
     moved = await asyncio.to_thread(overlay.live_tree)
     assert ("b0", "b2") in moved.links
     assert_exactly_once_in_order(overlay, stream)
-    # Every replica of a VN installed the same tables (what the coordinator sent was wrong).
+    # Every replica of a VN has the same neighbours and tables (b2.2 too, which never heard
+    # install; what the coordinator sent was wrong).
     health = overlay.health()
     for vn in ("b0", "b1", "b2"):
-        assert len({(health[b]["srt"], health[b]["prt"]) for b in overlay.replicas_of(vn)}) == 1
+        replicas = overlay.replicas_of(vn)
+        assert len({(health[b]["srt"], health[b]["prt"]) for b in replicas}) == 1, health
+        neighbours = {
+            tuple(fetch_json(overlay.brokers[b].admin_url + "/reconfig")["neighbours"])
+            for b in replicas
+        }
+        assert len(neighbours) == 1, (vn, neighbours)
