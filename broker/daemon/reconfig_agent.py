@@ -71,10 +71,12 @@ it, and ``unlock`` after ``prepare`` undoes the round like ``abort``.
 
 What a Byzantine coordinator can still do is deny service: refuse to run rounds, propose
 trees that do not lower the cost, or, as a crashed one can, leave a round half-applied by
-sending ``install`` to some replicas of the master VN and not others (those go back when
-their lease ends; nothing tells them a sibling switched), so the master VN's replicas
-disagree on its neighbours, as if some were faulty. Closing that needs a commit wave
-(going forward on f + 1 echoes from every VN rather than on the coordinator's word).
+sending ``install`` to some replicas of the master VN and not others: those switch, the
+others go back when their lease ends (nothing tells them a sibling switched), and the other
+VNs' members follow only if f + 1 replicas of the master VN vouched the same tables (else
+they go back too). The replicas of a VN then disagree on its neighbours, as if some of them
+were faulty. Closing that needs a commit wave (every member going forward on f + 1 echoes
+from every VN rather than on the coordinator's word); it is not built.
 A Byzantine replica of a neighbour VN can make rounds abort (wrong marker digests).
 ``broker.daemon.reconfig_faults`` holds Byzantine coordinators for tests.
 
