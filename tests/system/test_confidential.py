@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import security.publication
+from analytics.schema import read_records
 from broker.client import Client
 from broker.daemon.shares import SILENCE_DEADLINE
 from broker.errors import TrellisTimeout
@@ -263,15 +264,9 @@ async def test_two_byzantine_of_five_replicas_per_vn_cannot_stop_delivery(run_vn
 
 
 def share_verdicts(overlay: LocalOverlay, broker_id: str) -> list[dict[str, Any]]:
-    """The share lines of a broker's traffic log so far."""
-    lines = []
-    for path in sorted((overlay.workdir / "traffic" / broker_id).glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            if line.strip():
-                entry = json.loads(line)
-                if entry.get("k") == "share":
-                    lines.append(entry)
-    return lines
+    """The share verdicts in a broker's traffic log so far."""
+    root = overlay.workdir / "traffic" / broker_id
+    return [r for r in read_records(root) if r.get("k") == "share"]
 
 
 async def test_a_silent_upstream_replica_is_blamed_once_its_deadline_passed(run_vns) -> None:
@@ -297,4 +292,4 @@ async def test_a_silent_upstream_replica_is_blamed_once_its_deadline_passed(run_
         silent_lines = [v for v in share_verdicts(overlay, "b1.0") if v["cul"] == "b0.1"]
         await asyncio.sleep(0.3)
     assert len(silent_lines) == 3
-    assert all("silent" in v["why"] and v["from"] is None for v in silent_lines)
+    assert all("silent" in v["why"] and v.get("from") is None for v in silent_lines)
