@@ -213,20 +213,23 @@ class KeyAssembly:
         if len(shares) < needed:
             return
         complete = len(shares) >= total
+        if not complete and not _enough(shares, view):
+            return
         pub_id = publication_id(self.publisher, self.seq)
-        if self.key is None and not self.distrust:
-            if path.tried < len(shares) and _enough(shares, view):
-                path.tried = len(shares)
-                path.quick = path.quick or ChainVerifier(view, seals="none")
-                try:
-                    quick = reconstruct(shares, view, pub_id, verifier=path.quick)
-                except PropagationError:
-                    quick = None
-                if quick is not None and quick.key is not None:
-                    self.key = quick.key
-                    self.tentative = True
-            if not complete:
-                return
+        if self.key is None and not self.distrust and path.tried < len(shares):
+            path.tried = len(shares)
+            path.quick = path.quick or ChainVerifier(view, seals="none")
+            try:
+                quick = reconstruct(shares, view, pub_id, verifier=path.quick)
+            except PropagationError:
+                quick = None
+            if quick is not None and quick.key is not None:
+                self.key = quick.key
+                self.tentative = True
+        if self.key is not None and not complete:
+            return
+        # No key from the quick pass (forged certificates can make it ambiguous), or the
+        # wait is over: the verified pass.
         path.verifier = path.verifier or ChainVerifier(view)
         try:
             result = reconstruct(shares, view, pub_id, verifier=path.verifier, complete=complete)

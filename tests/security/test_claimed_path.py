@@ -7,7 +7,9 @@ when a majority of the sending VN vouches for it.
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
+from typing import Any
 
 from overlay.manifest import Manifest
 from overlay.tree import line_tree
@@ -94,3 +96,82 @@ def test_an_epoch_split_across_a_move_is_recovered_from_the_complete_path() -> N
     assert assembly.recover(manifest, "c") == secret
     assert set(assembly.paths) == {("a", "b", "c"), ("a", "c")}
     assert assembly.culprits == frozenset()
+
+
+def _two_vn_world() -> tuple[Manifest, SecBlock, dict[str, Any], list[Any], bytes]:
+    from security.envelope import Signer, generate_signing_key, public_key_to_bytes
+    from security.propagation import publisher_split, resplit, threshold_for
+    from security.publication import publication_id
+
+    keys = {f"{vn}.{i}": generate_signing_key() for vn in "ab" for i in range(3)}
+    publisher = generate_signing_key()
+    signers = {b: Signer(b, k) for b, k in keys.items()}
+    manifest = Manifest(
+        line_tree("ab"),
+        {vn: tuple(f"{vn}.{i}" for i in range(3)) for vn in "ab"},
+        {b: public_key_to_bytes(k.public_key()) for b, k in keys.items()},
+    )
+    sec = SecBlock(pk=public_key_to_bytes(publisher.public_key()), sig=b"", vn="a", epoch=1)
+    secret = bytes(range(32))
+    k = threshold_for(3)
+    level1 = publisher_split(secret, k, 3, Signer("pub", publisher), publication_id("pub", 1))
+    leaves = [leaf for i in range(3) for leaf in resplit(level1[i], k, 3, signers[f"a.{i}"])]
+    return manifest, sec, signers, leaves, secret
+
+
+def test_a_relay_forging_upstream_certificates_cannot_hold_the_key_back() -> None:
+    """b.1 relays leaves under certificates of a.i's splits it forged (commitments to its own
+    data) and never sends its third leaf, so the wait is never over: the key still comes from
+    the pass without signature checks and opens the payload, and an audit names b.1."""
+    from security.envelope import seal
+    from security.paths import KeyAssembly
+    from security.propagation import commitment, reconstruct
+    from security.publication import publication_id
+
+    manifest, sec, _, leaves, secret = _two_vn_world()
+    assembly = KeyAssembly("pub", 1, sec=sec)
+    sent = []
+    for leaf in leaves:
+        holder = f"b.{leaf.lineage[-1]}"
+        if holder == "b.1":
+            if leaf.lineage[0] == 2:
+                continue
+            data = bytes(len(leaf.data))
+            own = leaf.certs[1]
+            forged = dataclasses.replace(
+                own,
+                commitments=tuple(
+                    commitment(leaf.salt + data) if j == 1 else c
+                    for j, c in enumerate(own.commitments)
+                ),
+            )
+            leaf = dataclasses.replace(leaf, data=data, certs=(leaf.certs[0], forged))  # noqa: PLW2901
+        sent.append((holder, leaf))
+        assembly.add(holder, leaf)
+        assembly.recover(manifest, "b")
+    assert assembly.key == secret
+    pub_id = publication_id("pub", 1)
+    assert assembly.open(1, {"x": 1}, seal(secret, pub_id, {"x": 1}, b"hi")) == b"hi"
+    [path] = assembly.paths.values()
+    audit = reconstruct(sent, path.view, pub_id)
+    assert audit.culprits == {"b.1"}
+
+
+def test_a_quick_key_that_fails_the_tag_is_replaced_by_the_verified_one() -> None:
+    from security.envelope import seal
+    from security.paths import KeyAssembly
+    from security.publication import publication_id
+
+    manifest, sec, _, leaves, secret = _two_vn_world()
+    assembly = KeyAssembly("pub", 1, sec=sec)
+    for leaf in leaves:
+        assembly.add(f"b.{leaf.lineage[-1]}", leaf)
+    assert assembly.recover(manifest, "b") == secret
+    # As if forged certificates had fooled the unverified pass into a wrong key:
+    assembly.key, assembly.tentative = bytes(32), True
+    for path in assembly.paths.values():
+        path.audited = False
+    sealed = seal(secret, publication_id("pub", 2), {"x": 1}, b"hi")
+    assert assembly.open(2, {"x": 1}, sealed) == b"hi"
+    assert assembly.key == secret
+    assert assembly.distrust
