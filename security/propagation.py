@@ -491,10 +491,11 @@ class Fault(StrEnum):
     """Why a broker is blamed; every rule holds only on proof, so honest brokers are never named.
 
     BAD_SHARE: it sent a record whose chain or opening does not verify (honest brokers verify
-        before forwarding, and shares come over authenticated links).
+        before forwarding, and shares come over authenticated links), or it signed a statement
+        naming a parent certificate whose seal fails (it vouched without checking).
     WRONG_SENDER: it sent a share it neither split nor holds (misrouted or relayed).
     DUPLICATE: it sent two different records for the same lineage.
-    EQUIVOCATION: it signed two different certificates for the same split (evidence attached).
+    EQUIVOCATION: it sealed two different statements for the same split (evidence attached).
     INCONSISTENT_SPLIT: it committed to child openings that lie on no polynomial of degree k-1.
     WRONG_SECRET: the value its committed children reconstruct is not the share it was given.
     SHORT_SPLIT: it signed a split of which fewer than r - f children could be recovered, which
