@@ -558,6 +558,8 @@ class _Search:
         self.by_trust = sorted(range(len(names)), key=lambda i: (-scorer.trust[i], i))
         self.adj: list[set[int]] = []
         self.values: list[float] = []
+        self.min_cost = math.inf
+        self.min_links: frozenset[Link] = frozenset()
         self.individual: list[float] = []
         # Clients in a fixed order; each pair's two clients as positions in that order.
         self.client_pairs = list(scorer.partners.values())
@@ -709,6 +711,8 @@ class _Search:
                 if k is None:
                     continue
                 cost = ev.cost + deltas[k]
+                if cost < self.min_cost:
+                    self._note_cheaper(add, remove, cost)
                 if cost > self.budget:
                     continue
                 cand_key = self._price(add, remove, cost)
@@ -736,6 +740,13 @@ class _Search:
             else:
                 stall += 1
         return best_key, best_links
+
+    def _note_cheaper(self, add: tuple[int, int], remove: tuple[int, int], cost: float) -> None:
+        """Remember the cheapest tree priced (the budget is relative to the best cost found)."""
+        links = set(_links_of(self.names, self.adj))
+        links.discard(link(self.names[remove[0]], self.names[remove[1]]))
+        links.add(link(self.names[add[0]], self.names[add[1]]))
+        self.min_cost, self.min_links = cost, frozenset(links)
 
     def _kick(self, swaps: int) -> None:
         """Apply up to ``swaps`` random swaps that keep the cost within the budget."""
@@ -969,12 +980,25 @@ def plan_rebuild(
             cheapest = start_links
         limit = (1.0 + params.epsilon) * best_cost if budget is None else budget
         search = _Search(names, scorer, ev, limit, params, rng)
+        search.min_cost, search.min_links = best_cost, cheapest
         results = []
         if start_cost <= limit + _tolerance(limit) and start_links != cheapest:
             half = time.monotonic() + (deadline - time.monotonic()) / 2
             results.append(search.run(start_links, half))
         results.append(search.run(cheapest, deadline))
         _key, links = max(results, key=lambda r: r[0])
+        # The trust search may price trees cheaper than the cost search found: the budget
+        # follows the best cost found, and a plan over the tightened budget is searched again.
+        for _ in range(3):
+            if budget is not None or search.min_cost >= best_cost - _tolerance(best_cost):
+                break
+            best_cost, cheapest = search.min_cost, search.min_links
+            limit = (1.0 + params.epsilon) * best_cost
+            search.budget = limit + _tolerance(limit)
+            ev.reset(links)
+            if ev.cost <= search.budget:
+                break
+            _key, links = search.run(cheapest, max(deadline, time.monotonic() + 1.0))
         adj = _adjacency(names, links)
         ev.reset(links)
         social, ind, _ = scorer.social(adj)
