@@ -18,22 +18,37 @@ import functools
 import heapq
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from typing import TypeVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 __all__ = [
     "DEFAULT_DELTA",
     "DEFAULT_PROPERTY_WEIGHTS",
+    "OBSERVED_WEIGHTS",
+    "TRUST_FUNCTIONS",
+    "BrokerTrust",
+    "TrustConfig",
     "TrustFunction",
     "TrustVector",
+    "broker_trust",
     "inferred_trust",
     "leximin_owa",
     "leximin_weights",
     "make_weighted_trust",
+    "min_trust",
     "most_trusted_paths",
+    "observed_trust_edges",
+    "observed_vectors",
     "path_trust",
+    "pooled_feedback",
     "semiring_plus",
     "semiring_times",
+    "trust_curve",
     "trust_edges_from_vectors",
+    "trust_losses",
+    "vector_from_counts",
+    "vn_trust",
+    "weighted_geometric_trust",
     "weighted_trust",
 ]
 
@@ -257,3 +272,348 @@ def leximin_owa(values: Iterable[float], delta: float = DEFAULT_DELTA) -> float:
     """
     z = sorted(values, reverse=True)
     return math.fsum(w * v for w, v in zip(leximin_weights(len(z), delta), z, strict=True))
+
+
+# -- trust from observation ------------------------------------------------------------------
+
+#: Default weights of the observed trust vector (the analytics job's ``trust_feedback``
+#: columns plus the operator's prior). ``reliability`` (1 − failure_ratio) restates the
+#: others' failures pooled, so it is shown but weighs nothing unless configured.
+OBSERVED_WEIGHTS: Mapping[str, float] = {
+    "delivery_ratio": 0.4,
+    "share_integrity": 0.4,
+    "timeliness": 0.1,
+    "reliability": 0.0,
+    "operator_prior": 0.1,
+}
+
+#: The individual trust functions a ``[trust]`` section may name.
+TRUST_FUNCTIONS = ("geometric", "weighted", "min")
+
+#: Counts of a ``trust_feedback`` row that are pooled (summed) across evaluators and windows.
+FEEDBACK_COUNTS = (
+    "expected",
+    "received",
+    "conflicting",
+    "bad_signatures",
+    "timely",
+    "shares_ok",
+    "bad_shares",
+    "failures",
+    "events",
+)
+
+
+def weighted_geometric_trust(vector: TrustVector, weights: Mapping[str, float]) -> float:
+    """Π v_i^(w_i/Σw) over the weighted properties present: one property at 0 gives 0.
+
+    A weighted *arithmetic* mean lets a broker that corrupts every share keep 1 − w of its
+    trust; the geometric mean does not (but is still lenient with partial faults).
+    """
+    log_sum = 0.0
+    weight_sum = 0.0
+    for name, value in vector.items():
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"trust property {name!r}={value} outside [0, 1]")
+        w = weights.get(name, 0.0)
+        if w < 0.0:
+            raise ValueError(f"negative weight {w} for trust property {name!r}")
+        if w == 0.0:
+            continue
+        if value == 0.0:
+            return 0.0
+        log_sum += w * math.log(value)
+        weight_sum += w
+    if weight_sum == 0.0:
+        return 0.0
+    return min(1.0, math.exp(log_sum / weight_sum))
+
+
+def min_trust(vector: TrustVector, weights: Mapping[str, float]) -> float:
+    """The smallest property with a positive weight (0.0 when there is none)."""
+    values = [v for name, v in vector.items() if weights.get(name, 0.0) > 0.0]
+    for v in values:
+        if not 0.0 <= v <= 1.0:
+            raise ValueError(f"trust property value {v} outside [0, 1]")
+    return min(values) if values else 0.0
+
+
+def trust_losses(
+    vector: TrustVector, weights: Mapping[str, float], function: str = "min"
+) -> dict[str, float]:
+    """How much each weighted property pulls trust below 1, in the function's own terms.
+
+    weighted: w_i(1 − v_i)/Σw (the terms sum to 1 − trust); geometric: −(w_i/Σw)·ln v_i (they
+    sum to −ln trust; a zero property is infinite); min: 1 − v_i of the properties at the
+    minimum, 0 for the others.
+    """
+    present = {n: v for n, v in vector.items() if weights.get(n, 0.0) > 0.0}
+    total = sum(weights[n] for n in present)
+    if not present or total == 0.0:
+        return {}
+    if function == "weighted":
+        return {n: weights[n] * (1.0 - v) / total for n, v in present.items()}
+    if function == "geometric":
+        return {
+            n: (math.inf if v == 0.0 else -weights[n] * math.log(v) / total)
+            for n, v in present.items()
+        }
+    if function == "min":
+        low = min(present.values())
+        return {n: (1.0 - v if v == low else 0.0) for n, v in present.items()}
+    raise ValueError(f"unknown trust function {function!r}; choose from {TRUST_FUNCTIONS}")
+
+
+@dataclass(frozen=True)
+class TrustConfig:
+    """The operator's ``[trust]`` section.
+
+    Attributes:
+        prior: the operator prior of every broker without its own entry.
+        priors: broker id (or VN id, for all its replicas) → prior in [0, 1].
+        weights: property → weight (see :data:`OBSERVED_WEIGHTS`).
+        function: the individual trust function, one of :data:`TRUST_FUNCTIONS`. The default
+            is ``min`` over the properties with a positive weight: a broker is as trusted as
+            its worst observed behaviour, so a replica that corrupts 80% of its shares or
+            drops 60% of publications is distrusted whatever it does well. ``weighted`` (the
+            SPEC's arithmetic mean) keeps such a replica at 1 − w of its trust, ``geometric``
+            at v^w (0.4^0.4 = 0.69 for a 60% drop): both are there for operators who want
+            leniency.
+        half_life: older windows count for 2^(−age/half_life), age in windows, so that a
+            broker whose faults stop regains trust; 0 pools every window alike.
+    """
+
+    prior: float = 1.0
+    priors: Mapping[str, float] = field(default_factory=dict)
+    weights: Mapping[str, float] = field(default_factory=lambda: dict(OBSERVED_WEIGHTS))
+    function: str = "min"
+    half_life: float = 2.0
+
+    def __post_init__(self) -> None:
+        _unit(self.prior, "trust.prior")
+        for k, v in self.priors.items():
+            _unit(v, f"trust.priors.{k}")
+        for k, v in self.weights.items():
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"trust.weights.{k}: must be a number >= 0, got {v!r}")
+        if not any(self.weights.values()):
+            raise ValueError("trust.weights: at least one weight must be positive")
+        if self.function not in TRUST_FUNCTIONS:
+            raise ValueError(
+                f"trust.function: {self.function!r} is not one of {', '.join(TRUST_FUNCTIONS)}"
+            )
+        if not isinstance(self.half_life, (int, float)) or self.half_life < 0:
+            raise ValueError(f"trust.half_life: must be >= 0, got {self.half_life!r}")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, object]) -> TrustConfig:
+        """Parse a ``[trust]`` table strictly: an unknown key is an error naming it.
+
+        Keys: ``prior``, ``function``, ``half_life``, ``priors`` (a table), ``weights`` (a
+        table, merged over the defaults: name a property with 0 to ignore it).
+        """
+        known = {"prior", "priors", "weights", "function", "half_life"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(
+                f"trust.{unknown[0]}: unknown key (expected one of {', '.join(sorted(known))})"
+            )
+        kwargs: dict[str, Any] = {}
+        for key in ("prior", "half_life"):
+            if key in data:
+                kwargs[key] = _number(data[key], f"trust.{key}")
+        if "function" in data:
+            kwargs["function"] = str(data["function"])
+        for key in ("priors", "weights"):
+            if key in data:
+                table = data[key]
+                if not isinstance(table, Mapping):
+                    raise ValueError(f"trust.{key}: must be a table")
+                kwargs[key] = {str(k): _number(v, f"trust.{key}.{k}") for k, v in table.items()}
+        if "weights" in kwargs:
+            kwargs["weights"] = {**OBSERVED_WEIGHTS, **kwargs["weights"]}
+        return cls(**kwargs)
+
+    def prior_of(self, broker: str, vn: str | None = None) -> float:
+        """The operator prior of ``broker`` (its own entry, else its VN's, else the default)."""
+        if broker in self.priors:
+            return self.priors[broker]
+        if vn is not None and vn in self.priors:
+            return self.priors[vn]
+        return self.prior
+
+    def tau(self) -> TrustFunction:
+        """The configured individual trust function."""
+        weights = dict(self.weights)
+        if self.function == "weighted":
+            return lambda v: weighted_trust(v, weights)
+        if self.function == "min":
+            return lambda v: min_trust(v, weights)
+        return lambda v: weighted_geometric_trust(v, weights)
+
+
+@dataclass(frozen=True)
+class BrokerTrust:
+    """One broker's observed trust.
+
+    Attributes:
+        broker: the broker (replica) id.
+        vn: its VN.
+        trust: τ(vector).
+        vector: the properties, each in [0, 1] (those without evidence are absent).
+        events: the (decayed) evidence behind it: expected copies + shares judged.
+        pulled_down_by: the property that costs the most trust, None when nothing does.
+    """
+
+    broker: str
+    vn: str | None
+    trust: float
+    vector: Mapping[str, float]
+    events: float
+    pulled_down_by: str | None
+
+
+def vector_from_counts(counts: Mapping[str, float], prior: float) -> dict[str, float]:
+    """The trust vector of pooled ``trust_feedback`` counts (same ratios as the job)."""
+    out: dict[str, float] = {}
+    expected = counts.get("expected", 0.0)
+    received = counts.get("received", 0.0)
+    bad_sig = counts.get("bad_signatures", 0.0)
+    if expected > 0:
+        out["delivery_ratio"] = _clip(
+            (received - counts.get("conflicting", 0.0) - bad_sig) / expected
+        )
+    judged = counts.get("shares_ok", 0.0) + counts.get("bad_shares", 0.0)
+    if judged > 0:
+        out["share_integrity"] = _clip(counts.get("shares_ok", 0.0) / judged)
+    copies = received - bad_sig
+    if copies > 0:
+        out["timeliness"] = _clip(counts.get("timely", 0.0) / copies)
+    events = counts.get("events", 0.0)
+    if events > 0:
+        out["reliability"] = _clip(1.0 - counts.get("failures", 0.0) / events)
+    out["operator_prior"] = prior
+    return out
+
+
+def pooled_feedback(
+    rows: Iterable[Mapping[str, Any]], half_life: float, until: float | None = None
+) -> dict[tuple[str, str], tuple[str | None, dict[str, float]]]:
+    """Sum ``trust_feedback`` counts per (evaluator, broker) over windows, older ones decayed.
+
+    Rows of windows after ``until`` are ignored; a window's age is the number of distinct
+    windows between it and the newest one kept. Rows without a ``broker_vn`` (a publisher's
+    shares: clients are not brokers) are skipped.
+
+    Returns:
+        (evaluator, broker) → (broker's VN, decayed counts).
+    """
+    kept = [
+        r
+        for r in rows
+        if r.get("broker_vn") is not None and (until is None or float(r["w"]) <= until)
+    ]
+    windows = sorted({float(r["w"]) for r in kept})
+    age = {w: len(windows) - 1 - i for i, w in enumerate(windows)}
+    out: dict[tuple[str, str], tuple[str | None, dict[str, float]]] = {}
+    for r in kept:
+        weight = 0.5 ** (age[float(r["w"])] / half_life) if half_life > 0 else 1.0
+        key = (str(r["evaluator"]), str(r["broker"]))
+        _vn, counts = out.setdefault(key, (str(r["broker_vn"]), {}))
+        for name in FEEDBACK_COUNTS:
+            value = r.get(name)
+            if value is not None:
+                counts[name] = counts.get(name, 0.0) + weight * float(value)
+    return out
+
+
+def observed_vectors(
+    rows: Iterable[Mapping[str, Any]], config: TrustConfig
+) -> dict[tuple[str, str], dict[str, float]]:
+    """The trust graph's vectors Λ_{evaluator, broker} from the job's ``trust_feedback``."""
+    return {
+        (e, b): vector_from_counts(counts, config.prior_of(b, vn))
+        for (e, b), (vn, counts) in pooled_feedback(rows, config.half_life).items()
+    }
+
+
+def observed_trust_edges(
+    rows: Iterable[Mapping[str, Any]], config: TrustConfig
+) -> dict[tuple[str, str], float]:
+    """The trust graph: evaluator → broker edges weighted by τ of their observed vector."""
+    return trust_edges_from_vectors(observed_vectors(rows, config), config.tau())
+
+
+def broker_trust(
+    rows: Iterable[Mapping[str, Any]],
+    config: TrustConfig,
+    *,
+    brokers: Mapping[str, str] | None = None,
+    until: float | None = None,
+) -> dict[str, BrokerTrust]:
+    """Each broker's trust from every evaluator's evidence pooled (the overlay's view of it).
+
+    Args:
+        rows: ``trust_feedback`` rows.
+        config: the ``[trust]`` section.
+        brokers: broker → VN of brokers to report even without evidence (trust = τ(prior)).
+        until: ignore windows after this one (for recovery curves).
+    """
+    pooled: dict[str, tuple[str | None, dict[str, float]]] = {}
+    for (_e, b), (vn, counts) in pooled_feedback(rows, config.half_life, until).items():
+        _v, total = pooled.setdefault(b, (vn, {}))
+        for name, value in counts.items():
+            total[name] = total.get(name, 0.0) + value
+    for b, vn in (brokers or {}).items():
+        pooled.setdefault(b, (vn, {}))
+    tau = config.tau()
+    out: dict[str, BrokerTrust] = {}
+    for b, (vn, counts) in sorted(pooled.items()):
+        vector = vector_from_counts(counts, config.prior_of(b, vn))
+        value = tau(vector)
+        losses = trust_losses(vector, config.weights, config.function)
+        worst = max(sorted(losses), key=lambda n: losses[n], default=None)
+        pulled = worst if worst is not None and losses[worst] > 1e-9 else None
+        events = counts.get("events", 0.0)
+        out[b] = BrokerTrust(b, vn, value, vector, events, pulled)
+    return out
+
+
+def vn_trust(reports: Mapping[str, BrokerTrust]) -> dict[str, float]:
+    """A VN's trust: its least trusted replica's (any replica can corrupt what it forwards)."""
+    out: dict[str, float] = {}
+    for r in reports.values():
+        if r.vn is not None:
+            out[r.vn] = min(out.get(r.vn, 1.0), r.trust)
+    return out
+
+
+def trust_curve(
+    rows: Iterable[Mapping[str, Any]], config: TrustConfig, broker: str
+) -> list[tuple[float, float]]:
+    """``broker``'s trust as it stood after each window: (window start, trust)."""
+    kept = list(rows)
+    windows = sorted({float(r["w"]) for r in kept})
+    curve = []
+    for w in windows:
+        report = broker_trust(kept, config, until=w).get(broker)
+        if report is not None:
+            curve.append((w, report.trust))
+    return curve
+
+
+def _unit(value: object, name: str) -> float:
+    v = _number(value, name)
+    if not 0.0 <= v <= 1.0:
+        raise ValueError(f"{name}: must lie in [0, 1], got {value!r}")
+    return v
+
+
+def _number(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name}: must be a number, got {value!r}")
+    return float(value)
+
+
+def _clip(value: float) -> float:
+    return min(1.0, max(0.0, value))
