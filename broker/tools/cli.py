@@ -306,7 +306,17 @@ def replica_counts(text: str, vns: list[str]) -> dict[str, int]:
     return dict(zip(vns, counts, strict=True))
 
 
-BYZANTINE_MODES = ("drop", "corrupt", "equivocate", "delay", "replay", "reorder", "collude")
+BYZANTINE_MODES = (
+    "drop",
+    "corrupt",
+    "equivocate",
+    "delay",
+    "replay",
+    "reorder",
+    "collude",
+    "misplan",
+    "mistable",
+)
 
 
 def byzantine_modes(items: list[str]) -> dict[str, dict[str, Any]]:
