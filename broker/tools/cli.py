@@ -780,6 +780,10 @@ def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
 
     add_pst_parser(sub, real=pst)
     add_analytics_parser(sub)
+    from broker.tools.trust_cli import add_rebuild_parser, add_trust_parser
+
+    add_trust_parser(sub)
+    add_rebuild_parser(sub)
     return parser
 
 

@@ -1,0 +1,245 @@
+"""``trellis trust show`` and ``trellis rebuild``: observed trust and the trust-aware planner.
+
+Both read the analytics job's *outputs* (``trellis analytics run --out OUT``): the Parquet
+tables ``trust_feedback`` and ``classes`` and ``summary.json``, with pyarrow, so neither loads
+Spark (nor imports ``analytics``: the tables' columns are the contract). The operator's
+``[trust]`` section comes from a TOML file (``--config``; for ``rebuild``, ``DIR/trust.toml``
+when present). ``trellis rebuild`` plans only (``--dry-run``): applying a plan live through
+the reconfiguration protocol is not built yet, and the command says so rather than pretend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the handlers import these: `trellis broker` must not pay for them
+    from reconfig.rebuild import DemandClasses, RebuildPlan
+    from security.trust import BrokerTrust, TrustConfig
+
+__all__ = ["add_rebuild_parser", "add_trust_parser", "load_trust_config", "read_table"]
+
+OUTPUT_VERSION = 1
+"""The analytics outputs' version this reader understands (``summary.json``'s ``version``)."""
+
+STATE_FILE = "rebuild-state.json"
+"""Where ``trellis rebuild`` keeps the hysteresis memory between runs, in ``--dir``."""
+
+
+def read_table(out: Path, name: str) -> list[dict[str, Any]]:
+    """Rows of one of the job's Parquet tables (an empty list when the job wrote none).
+
+    Raises:
+        ValueError: ``out`` is not an analytics output directory of a version we read.
+    """
+    summary_path = out / "summary.json"
+    if not summary_path.is_file():
+        raise ValueError(
+            f"{out} is not an analytics output (no summary.json); run: "
+            f"trellis analytics run --logs LOGS --out {out}"
+        )
+    summary = json.loads(summary_path.read_text("utf-8"))
+    version = summary.get("version")
+    if version != OUTPUT_VERSION:
+        raise ValueError(
+            f"{summary_path}: outputs version {version!r}, this reads {OUTPUT_VERSION}"
+        )
+    table_dir = out / name
+    if not table_dir.exists():
+        return []
+    # Through importlib: pyarrow ships no type information, and this is its one use here.
+    pq: Any = importlib.import_module("pyarrow.parquet")
+    rows: list[dict[str, Any]] = pq.read_table(table_dir).to_pylist()
+    return rows
+
+
+def load_trust_config(path: Path | None) -> TrustConfig:
+    """The ``[trust]`` section of a TOML file (defaults without a file or a section)."""
+    from security.trust import TrustConfig
+
+    if path is None:
+        return TrustConfig()
+    try:
+        data = tomllib.loads(path.read_text("utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    section = data.get("trust", {})
+    if not isinstance(section, Mapping):
+        raise ValueError(f"{path}: [trust] must be a table")
+    try:
+        return TrustConfig.from_mapping(section)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+# -- trellis trust show ------------------------------------------------------------------------
+
+
+def add_trust_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``trellis trust show --from OUT [--config FILE] [--curve BROKER] [--json]``."""
+    p = sub.add_parser("trust", help="brokers' trust from the analytics job's trust feedback")
+    verbs = p.add_subparsers(dest="verb", required=True)
+    show = verbs.add_parser("show", help="each broker's trust and what pulled it down")
+    show.add_argument("--from", dest="source", required=True, help="analytics output (--out)")
+    show.add_argument("--config", type=Path, help="TOML file with a [trust] section")
+    show.add_argument("--curve", metavar="BROKER", help="also print BROKER's trust per window")
+    show.add_argument("--json", action="store_true", help="print JSON")
+    show.set_defaults(func=cmd_trust_show)
+
+
+def cmd_trust_show(args: argparse.Namespace) -> int:
+    from security.trust import broker_trust, trust_curve, vn_trust
+
+    config = load_trust_config(args.config)
+    rows = read_table(Path(args.source), "trust_feedback")
+    reports = broker_trust(rows, config)
+    vns = vn_trust(reports)
+    curve = trust_curve(rows, config, args.curve) if args.curve else None
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "function": config.function,
+                    "brokers": [_report_dict(r) for r in reports.values()],
+                    "vns": dict(sorted(vns.items())),
+                    **({"curve": [list(p) for p in curve]} if curve is not None else {}),
+                },
+                indent=2,
+            )
+        )
+        return 0
+    if not reports:
+        print("no trust feedback in the analytics output (no broker was judged)")
+        return 0
+    print(f"{'broker':<10} {'vn':<6} {'trust':>6}  {'evidence':>8}  pulled down by")
+    for r in reports.values():
+        why = (
+            "-"
+            if r.pulled_down_by is None
+            else (f"{r.pulled_down_by} = {r.vector[r.pulled_down_by]:.3f}")
+        )
+        print(f"{r.broker:<10} {r.vn or '-':<6} {r.trust:>6.3f}  {r.events:>8.0f}  {why}")
+    print(
+        "VN trust (least trusted replica): "
+        + ", ".join(f"{vn} {t:.3f}" for vn, t in sorted(vns.items()))
+    )
+    if curve is not None:
+        print(f"{args.curve} per window: " + ", ".join(f"{w:g}: {t:.3f}" for w, t in curve))
+    return 0
+
+
+def _report_dict(r: BrokerTrust) -> dict[str, Any]:
+    return {
+        "broker": r.broker,
+        "vn": r.vn,
+        "trust": r.trust,
+        "pulled_down_by": r.pulled_down_by,
+        "events": r.events,
+        "vector": dict(r.vector),
+    }
+
+
+# -- trellis rebuild --------------------------------------------------------------------------
+
+
+def add_rebuild_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``trellis rebuild --dir DIR --from OUT [--epsilon E] --dry-run``."""
+    p = sub.add_parser(
+        "rebuild", help="plan a trust-aware rebuild of a local overlay from analytics outputs"
+    )
+    p.add_argument("--dir", required=True, help="the overlay's directory (trellis up --dir)")
+    p.add_argument("--from", dest="source", required=True, help="analytics output (--out)")
+    p.add_argument("--epsilon", type=float, default=0.1, help="cost budget (1+E) x best cost found")
+    p.add_argument("--config", type=Path, help="[trust] TOML file (default: DIR/trust.toml)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan only (required: live application is not implemented yet)",
+    )
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=cmd_rebuild)
+
+
+def cmd_rebuild(args: argparse.Namespace) -> int:
+    from broker.tools.local import fetch_json, read_overlay, vn_links
+    from overlay.tree import Tree
+    from reconfig.cost import CostModel
+    from reconfig.rebuild import RebuildParams, TrustState, classes_from_rows, plan_rebuild
+    from security.trust import broker_trust, vn_trust
+
+    if not args.dry_run:
+        print(
+            "trellis rebuild: applying a plan live is not implemented yet; "
+            "run with --dry-run to see the plan",
+            file=sys.stderr,
+        )
+        return 2
+    workdir = Path(args.dir)
+    config_path = args.config
+    if config_path is None and (workdir / "trust.toml").is_file():
+        config_path = workdir / "trust.toml"
+    config = load_trust_config(config_path)
+    info = read_overlay(workdir)
+    vn_of = {b: vn for vn, members in info["vns"].items() for b in members}
+    health = {}
+    for broker in info.get("brokers", []):
+        try:
+            health[broker["id"]] = fetch_json(broker["admin"] + "/healthz")
+        except OSError:
+            continue
+    source = "live links"
+    try:
+        tree = Tree(info["vns"], vn_links(health, vn_of)) if health else None
+    except ValueError:
+        tree = None
+    if tree is None:
+        tree = Tree(info["vns"], [tuple(lk) for lk in info["links"]])
+        source = "the tree it started as (brokers not answering)"
+    out = Path(args.source)
+    classes = classes_from_rows(read_table(out, "classes"))
+    reports = broker_trust(read_table(out, "trust_feedback"), config, brokers=vn_of)
+    trust = {vn: t for vn, t in vn_trust(reports).items() if vn in tree.brokers}
+    state_path = workdir / STATE_FILE
+    state = (
+        TrustState.from_dict(json.loads(state_path.read_text("utf-8")))
+        if state_path.is_file()
+        else TrustState()
+    )
+    plan = plan_rebuild(
+        tree, classes, trust, CostModel(), params=RebuildParams(epsilon=args.epsilon), state=state
+    )
+    if args.json:
+        print(json.dumps({"tree_from": source, "trust": trust, **plan.to_dict()}, indent=2))
+    else:
+        print(f"tree ({source}): " + " ".join(f"{a}-{b}" for a, b in sorted(tree.links)))
+        print(describe_plan(plan, trust, classes))
+    return 0
+
+
+def describe_plan(plan: RebuildPlan, trust: Mapping[str, float], classes: DemandClasses) -> str:
+    """The plan for people: moves, cost and social trust before/after, demoted and flagged."""
+    from reconfig.rebuild import transit_vns
+
+    b, a = plan.score_before, plan.score_after
+    lines = [
+        "VN trust: " + ", ".join(f"{vn} {t:.3f}" for vn, t in sorted(trust.items())),
+        f"distrusted: {', '.join(sorted(plan.distrusted)) or 'none'}",
+        f"cost: {b.cost:g} -> {a.cost:g} (best found {plan.best_cost:g}, budget {plan.budget:g})",
+        f"social trust: {b.social:.4f} -> {a.social:.4f}",
+        f"distrusted in transit: "
+        f"{', '.join(sorted(transit_vns(plan.before, classes) & plan.distrusted)) or 'none'}"
+        f" -> {', '.join(sorted(transit_vns(plan.after, classes) & plan.distrusted)) or 'none'}",
+        f"demoted to leaves: {', '.join(plan.demoted) or 'none'}",
+        f"flagged for detach: {', '.join(plan.flagged) or 'none'}",
+        f"decision: {plan.reason}{' (exhaustive search)' if plan.exact else ''}, "
+        f"{len(plan.moves)} move(s)",
+    ]
+    for i, m in enumerate(plan.moves, 1):
+        lines.append(f"  {i}. at {m.master}: {m.remove[0]}-{m.remove[1]} -> {m.add[0]}-{m.add[1]}")
+    return "\n".join(lines)
