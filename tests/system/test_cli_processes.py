@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -163,7 +164,11 @@ def test_down_stops_every_broker_of_an_up_that_was_killed_mid_launch(
     assert 0 < len(left) <= listed
     down = trellis("down", "--dir", str(workdir))
     assert down.returncode == 0, down.stderr
-    assert down.stdout.startswith(f"stopped {len(left)} broker"), down.stdout
+    # A broker caught mid-start may still be exiting on its own while `down` runs, so the
+    # count it reports is at most what was left; what matters is that nothing remains.
+    stopped = re.match(r"stopped (\d+) broker", down.stdout)
+    assert stopped is not None, down.stdout
+    assert 0 < int(stopped.group(1)) <= len(left), down.stdout
     wait_for(lambda: processes_under(workdir) == [], timeout=15)
 
 
