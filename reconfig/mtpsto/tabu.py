@@ -23,6 +23,7 @@ is returned.
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -329,15 +330,50 @@ def solve_tabu_direct(
     tenure: int = 6,
     k_router: int = 6,
     time_limit: float | None = 1.0,
+    kicks: int = 40,
+    kick_moves: int = 3,
+    exact_share: float | None = 0.5,
+    seed: int = 0,
 ) -> Solution:
-    """Tabu search whose moves map a PST directly to a PST (see module docstring)."""
+    """Tabu search whose moves map a PST directly to a PST (see module docstring).
+
+    Two additions escape the basins the plain search settled in (bench/RESULTS-mtpsto.md):
+
+    * **Exact first.** The branch and bound (:func:`~reconfig.mtpsto.exact.solve_exact`) gets
+      ``exact_share`` of the time limit (0.5 s without one); when it proves an optimum in that
+      time, that tree is the answer (``stats["exact"]`` is True). Otherwise its incumbent, if
+      any, joins the search's starts; when it proves that no tree fits the budget, the
+      search still returns its best over-budget tree, as before. ``exact_share=None`` runs the
+      heuristic alone.
+    * **Kicks.** When every start has stalled, the search restarts from the best tree shaken by
+      ``kick_moves`` random moves, up to ``kicks`` times or until the time limit (iterated
+      local search): a basin that needs two worsening moves in a row, such as routing two
+      subtrees through one new relay, is left this way.
+    """
     start = time.monotonic()
     name = "tabu-direct"
     if not reachable(inst):
         return Solution(name, None, None, False, time.monotonic() - start)
-    builds = (tm_tree, spt_tree, cheap_tree)
-    starts: list[PST] = [t for t in (b(inst) for b in builds) if t is not None]
+    rng = random.Random(seed)
     best = _Best()
+    starts: list[PST] = []
+    exact_stats: dict[str, object] = {}
+    if exact_share is not None:
+        from reconfig.mtpsto.exact import solve_exact
+
+        share = 0.5 if time_limit is None else exact_share * time_limit
+        exact = solve_exact(inst, time_limit=share)
+        exact_stats = {"exact": exact.proven_optimal, "exact_seconds": exact.seconds}
+        if exact.proven_optimal and exact.tree is not None:
+            stats = {"iterations": 0, "scored": 0, "timed_out": False, **exact_stats}
+            return Solution(
+                name, exact.tree, exact.evaluation, False, time.monotonic() - start, stats
+            )
+        if exact.tree is not None and exact.evaluation is not None:
+            best.offer(exact.tree, exact.evaluation)
+            starts.append(exact.tree)
+    builds = (tm_tree, spt_tree, cheap_tree)
+    starts.extend(t for t in (b(inst) for b in builds) if t is not None)
     for t in starts:
         best.offer(t, evaluate(inst, t))
     seen: dict[frozenset[tuple[int, int]], Evaluation] = {}
@@ -345,26 +381,28 @@ def solve_tabu_direct(
     iterations = 0
     scored = 0
     timed_out = False
-    for first in starts:
+    kicked = 0
+
+    def out_of_time() -> bool:
+        return time_limit is not None and time.monotonic() - start > time_limit
+
+    def descend(first: PST) -> bool:
+        """One tabu descent from ``first``; False when the time ran out."""
+        nonlocal iterations, scored
         current = first
         cur_ev = evaluate(inst, current)
+        best.offer(current, cur_ev)
         local_best = cur_ev
         stall = 0
         for _ in range(max_iter):
-            if time_limit is not None and time.monotonic() - start > time_limit:
-                timed_out = True
-                break
+            if out_of_time():
+                return False
             iterations += 1
             choice: tuple[Evaluation, PST, tuple[str, int]] | None = None
             over = not cur_ev.within_budget
             for attr, parent in _neighbours(inst, dict(current.parent), k_router, over):
-                if (
-                    time_limit is not None
-                    and not scored % 64
-                    and time.monotonic() - start > time_limit
-                ):
-                    timed_out = True
-                    break
+                if not scored % 64 and out_of_time():
+                    return False
                 sig = frozenset(parent.items())
                 ev = seen.get(sig)
                 if ev is None:
@@ -387,7 +425,28 @@ def solve_tabu_direct(
                 stall += 1
                 if stall >= stall_limit:
                     break
-        if timed_out:
+        return True
+
+    for first in starts:
+        if not descend(first):
+            timed_out = True
             break
-    stats = {"iterations": iterations, "scored": scored, "timed_out": timed_out}
+    while not timed_out and kicked < kicks and best.tree is not None:
+        kicked += 1
+        parent = dict(best.tree.parent)
+        for _ in range(kick_moves):
+            moves = [new for _attr, new in _neighbours(inst, parent, k_router)]
+            if not moves:
+                break
+            parent = rng.choice(moves)
+        tabu.clear()
+        if not descend(PST(inst.publisher, parent)):
+            timed_out = True
+    stats = {
+        "iterations": iterations,
+        "scored": scored,
+        "timed_out": timed_out,
+        "kicks": kicked,
+        **exact_stats,
+    }
     return Solution(name, best.tree, best.ev, False, time.monotonic() - start, stats)

@@ -276,3 +276,64 @@ def test_cli_reports_a_bad_problem_file_with_exit_code_2(
     args = _parser().parse_args(["pst", "solve", str(bad)])
     assert args.func(args) == 2
     assert "bad.json" in capsys.readouterr().err
+
+
+# -- the direct tabu's known misses ----------------------------------------------------------
+
+# Problems of the thesis-style generator on which the plain direct tabu (no kicks, no exact
+# first) settled in a basin: (set, seed, problem name, its gap below the optimum then).
+KNOWN_MISSES = [
+    ("A", 2, "A2-r008-g0-b4000", 0.456),
+    ("A", 11, "A11-r009-g0-b2000", 0.168),
+    ("B", 5, "B5-r017-g0-b3000", 0.174),
+]
+
+
+def known_miss(set_name: str, seed: int, name: str) -> Instance:
+    problem = next(p for p in generate_set(set_name, seed) if p.name == name)
+    return compile_problem(problem)
+
+
+@pytest.mark.parametrize(("set_name", "seed", "name", "gap"), KNOWN_MISSES)
+def test_direct_tabu_kicks_escape_the_basins_of_its_known_misses(
+    set_name: str, seed: int, name: str, gap: float
+) -> None:
+    inst = known_miss(set_name, seed, name)
+    exact = solve_exact(inst, time_limit=10.0)
+    assert exact.proven_optimal
+    assert exact.evaluation is not None
+    plain = solve_tabu_direct(inst, kicks=0, exact_share=None, time_limit=10.0)
+    assert plain.evaluation is not None
+    # The miss is real: without kicks the search stalls below the optimum, even with 10 s.
+    assert 1 - plain.evaluation.trust / exact.evaluation.trust == pytest.approx(gap, abs=1e-3)
+    assert not plain.stats["timed_out"]
+    kicked = solve_tabu_direct(inst, exact_share=None, time_limit=10.0)
+    assert kicked.evaluation is not None
+    assert kicked.evaluation.within_budget
+    assert kicked.evaluation.trust == pytest.approx(exact.evaluation.trust, rel=1e-12)
+    assert kicked.stats["kicks"] >= 1
+
+
+@pytest.mark.parametrize(("set_name", "seed", "name", "gap"), KNOWN_MISSES)
+def test_direct_tabu_returns_the_optimum_the_exact_solver_proves_within_its_time(
+    set_name: str, seed: int, name: str, gap: float
+) -> None:
+    inst = known_miss(set_name, seed, name)
+    exact = solve_exact(inst)
+    sol = solve_tabu_direct(inst, time_limit=1.0)
+    assert sol.stats["exact"] is True
+    assert sol.evaluation == exact.evaluation
+    assert sol.tree is not None
+    assert check_pst(inst, sol.tree) == []
+
+
+def test_direct_tabu_still_returns_a_tree_when_no_tree_fits_the_budget() -> None:
+    problem = generate_problems(6, random.Random(7))[0]
+    inst = compile_problem(Problem(**{**problem.__dict__, "budget": 1.0}))
+    exact = solve_exact(inst)
+    assert exact.proven_optimal
+    assert exact.tree is None
+    sol = solve_tabu_direct(inst, time_limit=0.5)
+    assert sol.tree is not None
+    assert sol.evaluation is not None
+    assert not sol.evaluation.within_budget
