@@ -784,6 +784,9 @@ def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
 
     add_trust_parser(sub)
     add_rebuild_parser(sub)
+    from broker.tools.placement_cli import add_placement_parser
+
+    add_placement_parser(sub)
     return parser
 
 

@@ -1,0 +1,253 @@
+"""``trellis placement plan``: the replica placement of SPEC §4 for a local overlay.
+
+Reads the overlay ``trellis up`` started in ``--dir`` (``manifest.json``: the VN tree and which
+broker belongs to which VN; ``overlay.json``: the replicas each VN runs), the operator's
+``[placement]`` section (``--config``) and, with ``--from``, the analytics job's outputs: the
+Parquet tables ``classes`` (the end-to-end paths, unless the config lists them),
+``path_failures`` (γ) and ``broker_failures`` (each VN's failures, summed over its replicas),
+read with pyarrow so that neither Spark nor the ``analytics`` package is loaded (the tables'
+columns are the contract). Prints the plan, its warnings and the diff against the overlay.
+Applying a plan live (attaching and detaching replicas) is not built yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the handler imports these: `trellis broker` must not pay for them
+    from overlay.placement import NodeFailures, PathKey, Plan, ReplicaChange
+    from overlay.placement_config import PlacementConfig
+
+__all__ = ["Evidence", "add_placement_parser", "read_evidence", "read_table"]
+
+OUTPUT_VERSION = 1
+"""The analytics outputs' version this reader understands (``summary.json``'s ``version``)."""
+
+
+def read_table(out: Path, name: str) -> list[dict[str, Any]]:
+    """Rows of one of the analytics job's Parquet tables (none when the job wrote none).
+
+    Raises:
+        ValueError: ``out`` is not an analytics output directory of a version we read.
+    """
+    summary_path = out / "summary.json"
+    if not summary_path.is_file():
+        raise ValueError(
+            f"{out} is not an analytics output (no summary.json); run: "
+            f"trellis analytics run --logs LOGS --out {out}"
+        )
+    try:
+        version = json.loads(summary_path.read_text("utf-8")).get("version")
+    except (ValueError, AttributeError):
+        raise ValueError(f"{summary_path}: not an analytics summary") from None
+    if version != OUTPUT_VERSION:
+        raise ValueError(
+            f"{summary_path}: outputs version {version!r}, this reads {OUTPUT_VERSION}"
+        )
+    table_dir = out / name
+    if not table_dir.exists():
+        return []
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    rows: list[dict[str, Any]] = pq.read_table(table_dir).to_pylist()
+    return rows
+
+
+@dataclass
+class Evidence:
+    """What the analytics outputs say, over the windows kept."""
+
+    windows: list[float] = field(default_factory=list)
+    paths: list[PathKey] = field(default_factory=list)
+    path_failures: dict[PathKey, int] = field(default_factory=dict)
+    broker_failures: dict[str, NodeFailures] = field(default_factory=dict)
+    all_windows: int = 0
+
+
+def read_evidence(out: Path, latest: int | None = None) -> Evidence:
+    """Paths (from the demand classes), path failures and broker failures, summed over the
+    ``latest`` windows of the output (all when None)."""
+    from overlay.placement import NodeFailures
+
+    classes = read_table(out, "classes")
+    paths = read_table(out, "path_failures")
+    brokers = read_table(out, "broker_failures")
+    windows = sorted({float(r["w"]) for r in (*classes, *paths, *brokers)})
+    kept = windows if latest is None else windows[-latest:]
+    keep = set(kept)
+    evidence = Evidence(windows=kept, all_windows=len(windows))
+    seen: set[PathKey] = set()
+    for row in classes:
+        if float(row["w"]) in keep:
+            for dst in row["dsts"] or []:
+                seen.add((str(row["src"]), str(dst)))
+    evidence.paths = sorted(seen)
+    for row in paths:
+        if float(row["w"]) in keep:
+            key = (str(row["src"]), str(row["dst"]))
+            evidence.path_failures[key] = evidence.path_failures.get(key, 0) + int(row["failed"])
+    for row in brokers:
+        if float(row["w"]) in keep:
+            b = str(row["broker"])
+            add = NodeFailures(int(row["failures"] or 0), int(row["events"] or 0))
+            evidence.broker_failures[b] = evidence.broker_failures.get(b, NodeFailures()) + add
+    return evidence
+
+
+def running_replicas(workdir: Path) -> tuple[dict[str, int], int]:
+    """Replicas per VN of the overlay in ``workdir`` (``overlay.json``), and how many of its
+    brokers run now."""
+    from broker.tools.local import read_overlay, running_brokers
+
+    info = read_overlay(workdir)
+    vns = info.get("vns")
+    if not isinstance(vns, Mapping):
+        raise ValueError(f"{workdir / 'overlay.json'}: no VNs listed")
+    return {str(vn): len(ids) for vn, ids in vns.items()}, len(running_brokers(workdir))
+
+
+@dataclass
+class PlanReport:
+    plan: Plan
+    changes: list[ReplicaChange]
+    config: PlacementConfig
+    evidence: Evidence | None
+    running: int
+    workdir: Path
+
+    def to_dict(self) -> dict[str, Any]:
+        ev = self.evidence
+        return {
+            "dir": str(self.workdir),
+            "brokers_running": self.running,
+            "windows": None if ev is None else ev.windows,
+            "plan": self.plan.to_dict(),
+            "diff": [c.to_dict() for c in self.changes],
+        }
+
+
+def make_plan(workdir: Path, source: Path | None, config_path: Path | None) -> PlanReport:
+    """Everything ``trellis placement plan`` prints, as data.
+
+    Raises:
+        ValueError: a file is missing or invalid, or there are no paths to place on.
+    """
+    from broker.tools.local import OverlayError
+    from overlay.manifest import Manifest
+    from overlay.placement import diff, place, vn_failures
+    from overlay.placement_config import load_placement_config
+
+    config = load_placement_config(config_path)
+    current, running = running_replicas(workdir)
+    try:
+        manifest = Manifest.load(workdir / "manifest.json")
+    except FileNotFoundError:
+        raise OverlayError(f"no overlay in {workdir} (missing manifest.json)") from None
+    evidence = None if source is None else read_evidence(source, config.windows)
+    paths = config.path_keys()
+    if paths is None:
+        if evidence is None:
+            raise ValueError(
+                "no paths to place replicas on: give --from ANALYTICS_OUT (its demand classes) "
+                "or list placement.paths in --config"
+            )
+        paths = evidence.paths
+        if not paths:
+            raise ValueError(f"{source}: no demand classes in the windows read; nothing to place")
+    budget = config.budget if config.budget is not None else sum(current.values())
+    plan = place(
+        manifest.tree,
+        paths,
+        budget=budget,
+        path_failures=None if evidence is None else evidence.path_failures,
+        node_failures=None
+        if evidence is None
+        else vn_failures(evidence.broker_failures, manifest.owner),
+        weights=config.omega(paths),
+        max_per_path=config.max_per_path,
+        once_per_node=config.once_per_node,
+    )
+    return PlanReport(plan, diff(plan.replicas, current), config, evidence, running, workdir)
+
+
+def format_report(report: PlanReport) -> str:
+    plan, ev = report.plan, report.evidence
+    source = (
+        "no failure data (γ uniform, VNs even)"
+        if ev is None
+        else f"{len(ev.windows)} of {ev.all_windows} analytics window(s)"
+    )
+    variant = ", once per node" if report.config.once_per_node else ""
+    limit = report.config.max_per_path
+    lines = [
+        f"placement plan for {report.workdir}: budget {plan.budget}"
+        + (f", max {limit} per path" if limit is not None else "")
+        + f"{variant}; {source}",
+        "paths, by priority (ρ = hops × γ × ω):",
+    ]
+    for p in plan.paths:
+        spread = " ".join(f"{vn}+{n}" for vn, n in p.by_node.items() if n) or "-"
+        lines.append(
+            f"  {p.path[0]} -> {p.path[1]}: hops {p.hops} γ {float(p.gamma):.3f} "
+            f"ω {float(p.omega):g} ρ {float(p.priority):.3f} → {p.replicas} replica(s): {spread}"
+        )
+    extras = []
+    if plan.surplus:
+        extras.append(f"surplus {plan.surplus} handed to VNs with r < 3")
+    if plan.cut:
+        extras.append("cut by max_per_path: " + " ".join(f"{v}-{n}" for v, n in plan.cut.items()))
+    if plan.unplaced:
+        extras.append(f"{plan.unplaced} of the budget unplaced")
+    lines += [f"  {e}" for e in extras]
+    note = "" if report.running else " (no broker runs now: as last started)"
+    lines.append(f"VN replicas, overlay{note} → plan:")
+    for c in report.changes:
+        what = {"attach": f"attach {c.delta}", "detach": f"detach {-c.delta}", "keep": "keep"}
+        lines.append(f"  {c.vn}: {c.current} → {c.planned}  {what[c.action]}")
+    if plan.warnings:
+        lines.append("warnings:")
+        lines += [f"  {w.message}" for w in plan.warnings]
+    return "\n".join(lines)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    report = make_plan(
+        Path(args.dir),
+        None if args.source is None else Path(args.source),
+        None if args.config is None else Path(args.config),
+    )
+    print(json.dumps(report.to_dict(), indent=2) if args.json else format_report(report))
+    return 0
+
+
+def add_placement_parser(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> None:
+    """``trellis placement plan``."""
+    p = subparsers.add_parser("placement", help="plan replica placement for a local overlay")
+    sub = p.add_subparsers(dest="placement_command", required=True, metavar="COMMAND")
+    plan = sub.add_parser(
+        "plan", help="print the three-phase placement plan and its diff against the overlay"
+    )
+    plan.add_argument(
+        "--dir", required=True, metavar="DIR", help="a local overlay's directory (trellis up)"
+    )
+    plan.add_argument(
+        "--from",
+        dest="source",
+        metavar="ANALYTICS_OUT",
+        help="analytics output (trellis analytics run --out): demand classes and failures "
+        "(default: none; paths then come from --config)",
+    )
+    plan.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML file with a [placement] section (default: built-in defaults)",
+    )
+    plan.add_argument("--json", action="store_true", help="the plan and the diff as JSON")
+    plan.set_defaults(func=cmd_plan)

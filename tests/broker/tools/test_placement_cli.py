@@ -1,0 +1,166 @@
+"""``trellis placement plan`` on a local overlay and the analytics job's Parquet outputs.
+
+The outputs are written here with the job's table columns (the contract the command reads);
+the overlay is real broker processes. Worked by hand, with ``windows = 1`` keeping only the
+window at w = 60:
+
+* classes b0 → [b1, b2]: paths b0→b1 (1 hop) and b0→b2 (2 hops).
+* path failures b0→b1 1, b0→b2 3: γ = 1/4, 3/4; ρ = 1/4 and 2 × 3/4 = 3/2 (sum 7/4).
+  A budget of 7 gives 7 × (1/4)/(7/4) = 1 and 7 × (3/2)/(7/4) = 6.
+* broker failures b1.0 1 (the only one of b1's three replicas), b2 2, b0 none:
+  b0→b1's 1 replica goes to b1; b0→b2's 6 split 0 : 1 : 2 over b0, b1, b2 → b1 2, b2 4.
+* Plan b0 1, b1 3, b2 4 against the running 1, 3, 1: attach 3 at b2.
+
+The window at w = 0 blames b0 heavily and would change all of that if it were read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
+import pytest
+
+from broker.tools import cli
+from broker.tools.local import LocalOverlay
+from overlay.tree import line_tree
+
+TREE = line_tree(["b0", "b1", "b2"])
+REPLICAS = {"b1": 3}
+
+
+def write_outputs(out: Path) -> Path:
+    tables: dict[str, list[dict[str, Any]]] = {
+        "classes": [
+            {"w": 0.0, "src": "b2", "dsts": ["b0"], "demand": 40},
+            {"w": 60.0, "src": "b0", "dsts": ["b1", "b2"], "demand": 5},
+        ],
+        "path_failures": [
+            {"w": 0.0, "src": "b2", "dst": "b0", "publications": 40, "failed": 30},
+            {"w": 60.0, "src": "b0", "dst": "b1", "publications": 5, "failed": 1},
+            {"w": 60.0, "src": "b0", "dst": "b2", "publications": 5, "failed": 3},
+        ],
+        "broker_failures": [
+            {"w": 0.0, "broker": "b0", "failures": 50, "events": 60},
+            {"w": 60.0, "broker": "b0", "failures": 0, "events": 10},
+            {"w": 60.0, "broker": "b1.0", "failures": 1, "events": 10},
+            {"w": 60.0, "broker": "b1.1", "failures": 0, "events": 10},
+            {"w": 60.0, "broker": "b1.2", "failures": 0, "events": 10},
+            {"w": 60.0, "broker": "b2", "failures": 2, "events": 10},
+        ],
+    }
+    for name, rows in tables.items():
+        (out / name).mkdir(parents=True)
+        versioned = [{**r, "version": 1} for r in rows]
+        pq.write_table(pa.Table.from_pylist(versioned), out / name / "part-00000.parquet")
+    (out / "summary.json").write_text(json.dumps({"version": 1}), encoding="utf-8")
+    return out
+
+
+def write_config(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def plan(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = cli.main(["placement", "plan", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_plan_puts_the_replicas_where_the_failures_were_and_diffs_the_running_overlay(
+    run_overlay: Callable[..., LocalOverlay],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    overlay = run_overlay(TREE, replicas=REPLICAS)
+    outputs = write_outputs(tmp_path / "analytics")
+    config = write_config(tmp_path / "p.toml", "[placement]\nbudget = 7\nwindows = 1\n")
+    workdir = str(overlay.workdir)
+
+    code, out, _ = plan(capsys, "--dir", workdir, "--from", str(outputs), "--config", str(config))
+    assert code == 0
+    assert "b0 -> b2: hops 2 γ 0.750 ω 1 ρ 1.500 → 6 replica(s): b1+2 b2+4" in out
+    assert "b0 -> b1: hops 1 γ 0.250 ω 1 ρ 0.250 → 1 replica(s): b1+1" in out
+    assert "b2: 1 → 4  attach 3" in out
+    assert "b1: 3 → 3  keep" in out
+    assert "VN b0 has r = 1 < 3" in out
+    assert "no broker runs now" not in out
+
+    code, out, _ = plan(
+        capsys, "--dir", workdir, "--from", str(outputs), "--config", str(config), "--json"
+    )
+    report = json.loads(out)
+    assert report["windows"] == [60.0]
+    assert report["brokers_running"] == 5
+    assert report["plan"]["replicas"] == {"b0": 1, "b1": 3, "b2": 4}
+    assert [(d["vn"], d["action"], d["delta"]) for d in report["diff"]] == [
+        ("b0", "keep", 0),
+        ("b1", "keep", 0),
+        ("b2", "attach", 3),
+    ]
+
+    # Without the config: every window, and the budget is the 5 brokers that run.
+    code, out, _ = plan(capsys, "--dir", workdir, "--from", str(outputs), "--json")
+    report = json.loads(out)
+    assert report["windows"] == [0.0, 60.0]
+    assert report["plan"]["budget"] == 5
+    assert sum(report["plan"]["placed"].values()) == 5
+    # b2→b0 (30 of the 34 path failures) now dominates, and b0's 50 failures draw replicas.
+    assert report["plan"]["placed"]["b0"] > 0
+
+
+def stopped_overlay(workdir: Path) -> LocalOverlay:
+    """An overlay directory as ``trellis up`` leaves it, with no broker running."""
+    workdir.mkdir()
+    overlay = LocalOverlay(workdir, TREE, replicas=dict(REPLICAS))
+    overlay.write_keys()
+    overlay.save()
+    return overlay
+
+
+def test_paths_from_the_config_plan_a_stopped_overlay_as_last_started(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    overlay = stopped_overlay(tmp_path / "o")
+    config = write_config(
+        tmp_path / "p.toml",
+        '[placement]\nbudget = 6\npaths = ["b0 -> b2"]\n',
+    )
+    code, out, _ = plan(capsys, "--dir", str(overlay.workdir), "--config", str(config))
+    # No failure data: the one path takes all 6, split evenly over b0, b1, b2.
+    assert code == 0
+    assert "(no broker runs now: as last started)" in out
+    assert "b0: 1 → 2  attach 1" in out
+    assert "b1: 3 → 2  detach 1" in out
+
+
+def test_plan_errors_say_what_is_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = plan(capsys, "--dir", str(tmp_path / "none"))
+    assert code == 2
+    assert "no overlay in" in err
+
+    overlay = stopped_overlay(tmp_path / "o")
+    code, _, err = plan(capsys, "--dir", str(overlay.workdir))
+    assert code == 2
+    assert "no paths to place replicas on: give --from ANALYTICS_OUT" in err
+
+    code, _, err = plan(capsys, "--dir", str(overlay.workdir), "--from", str(tmp_path))
+    assert code == 2
+    assert "is not an analytics output (no summary.json)" in err
+
+    bad = write_config(tmp_path / "bad.toml", "[placement]\nbudget = 'lots'\n")
+    code, _, err = plan(capsys, "--dir", str(overlay.workdir), "--config", str(bad))
+    assert code == 2
+    assert f"{bad}: placement.budget: Input should be a valid integer" in err
+
+    unknown = write_config(tmp_path / "u.toml", '[placement]\npaths = ["b0 -> b9"]\n')
+    code, _, err = plan(capsys, "--dir", str(overlay.workdir), "--config", str(unknown))
+    assert code == 2
+    assert "path b0 -> b9: no VN 'b9' in the tree" in err
