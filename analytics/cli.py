@@ -2,8 +2,9 @@
 
 ``trellis analytics run --logs DIR --out DIR [--window 60s] [--master local[*]] [--json]``
 runs :mod:`analytics.job` (Spark local mode by default), shows progress on stderr and prints
-a short summary (or the JSON summary with ``--json``). The ``trellis`` command runs this
-module as ``python -m analytics.cli`` so that no other command loads PySpark.
+a short summary (or the JSON summary with ``--json``). ``trellis analytics export --logs DIR``
+prints the logs as JSON Lines (the flat records of the schema). The ``trellis`` command runs
+this module as ``python -m analytics.cli`` so that no other command loads PySpark.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="compute traffic classes, local views, failures and trust feedback per window",
     )
     add_arguments(run)
+    export = sub.add_parser("export", help="print traffic logs as JSON Lines (flat records)")
+    export.add_argument("--logs", required=True, help="traffic-log directory (searched deeply)")
     return parser
 
 
@@ -33,6 +36,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code (2: bad arguments or no logs)."""
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "export":
+            from analytics.schema import export_jsonl
+
+            export_jsonl(args.logs, sys.stdout)
+            return 0
         return run_cli(args)
     except KeyboardInterrupt:
         return 130

@@ -7,19 +7,17 @@ after the first). Faults, when asked for: a *dropper* replica routes nothing and
 nothing; a *corrupter* sends copies whose payload digest differs and, for confidential
 publications, shares that every receiver rejects naming it. Some copies arrive late (after
 the window their publication belongs to closes, written at the end of their file), and the
-last file ends with a torn line.
+last file ends with a torn frame. Files are in the brokers' format (:mod:`analytics.logfile`),
+one frame per ``batch`` records.
 """
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
 
-
-def _line(record: dict[str, Any]) -> str:
-    return json.dumps(record, separators=(",", ":")) + "\n"
+from analytics.logfile import SUFFIX, FileWriter
 
 
 def generate(
@@ -37,28 +35,27 @@ def generate(
     confidential: float = 0.2,
     late: float = 0.02,
     torn: bool = True,
+    batch: int = 2000,
 ) -> int:
     """Write logs for ``publications`` publications under ``out``; returns the record count."""
     rng = random.Random(seed)
     root = Path(out)
     names = [f"v{i}" for i in range(vns)]
     members = {vn: [f"{vn}.{r}" for r in range(replicas)] for vn in names}
-    files: dict[str, Any] = {}
-    late_lines: dict[str, list[str]] = {}
+    files: dict[str, FileWriter] = {}
+    late_records: dict[str, list[dict[str, Any]]] = {}
     count = 0
-
-    def ident(broker: str) -> dict[str, Any]:
-        vn, r = broker.split(".")
-        return {"v": 1, "b": broker, "vn": vn, "r": int(r)}
 
     def write(broker: str, record: dict[str, Any], delayed: bool = False) -> None:
         nonlocal count
         count += 1
-        line = _line({**ident(broker), **record})
         if delayed:
-            late_lines.setdefault(broker, []).append(line)
+            late_records.setdefault(broker, []).append(record)
         else:
-            files[broker].write(line)
+            writer = files[broker]
+            writer.add(record)
+            if len(writer.batch) >= batch:
+                writer.flush()
 
     for vn, brokers in members.items():
         i = names.index(vn)
@@ -71,10 +68,10 @@ def generate(
         for b in brokers:
             folder = root / b
             folder.mkdir(parents=True, exist_ok=True)
-            files[b] = (folder / "traffic-00000000T000000.000000Z.jsonl").open(
-                "w", encoding="utf-8"
-            )
-            write(b, {"k": "meta", "t": start, "vs": replicas, "nb": nb})
+            vn_name, r = b.split(".")
+            meta = {"t": start, "b": b, "vn": vn_name, "r": int(r), "vs": replicas, "nb": nb}
+            files[b] = FileWriter(folder / f"traffic-00000000T000000.000000Z{SUFFIX}", meta)
+            count += 1
 
     publishers = [(f"pub{j}", rng.randrange(vns)) for j in range(max(1, vns * 2))]
     seqs = dict.fromkeys((p for p, _ in publishers), 0)
@@ -161,11 +158,12 @@ def generate(
                             )
                 elif prev is None:
                     write(b, record)
-    for b, handle in files.items():
-        handle.writelines(late_lines.get(b, ()))
+    for b, writer in files.items():
+        writer.flush()
+        for record in late_records.get(b, ()):
+            writer.add(record)
     if torn:
-        last = sorted(files)[-1]
-        files[last].write('{"v":1,"b":"' + last + '","vn":"x","r":0,"k":"pub","t":')
-    for handle in files.values():
-        handle.close()
+        files[sorted(files)[-1]].tear()
+    for writer in files.values():
+        writer.close()
     return count

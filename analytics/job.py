@@ -21,14 +21,38 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from analytics.reference import COPY_COUNTS, FEEDBACK_COUNTS, TABLES
+from analytics.compact import compact
+from analytics.reference import FEEDBACK_COUNTS, TABLES
 from analytics.schema import OUTPUT_VERSION, schema_version, spark_ddl
+
+BIG_COLUMNS = (
+    "k",
+    "t",
+    "b",
+    "vn",
+    "p",
+    "s",
+    "prev",
+    "pc",
+    "from",
+    "next",
+    "loc",
+    "drop",
+    "dig",
+    "ok",
+    "cul",
+)
+"""The columns of pub, copy, sig and share records the tables use."""
+INPUT_DIR = "_input"
+"""Under ``--out``: the logs compacted to Parquet (:mod:`analytics.compact`), removed after."""
 
 Progress = Callable[[str], None]
 
@@ -50,6 +74,9 @@ def session(master: str | None = None, app: str = "trellis-analytics", **conf: s
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", conf.pop("spark.driver.memory", "8g"))
         .config("spark.sql.session.timeZone", "UTC")
+        # The records are hash-partitioned by publication (p, s) once; joins keyed by
+        # (p, s) and more then reuse that partitioning instead of shuffling again.
+        .config("spark.sql.requireAllClusterKeysForCoPartition", "false")
     )
     for key, value in conf.items():
         builder = builder.config(key, value)
@@ -58,27 +85,24 @@ def session(master: str | None = None, app: str = "trellis-analytics", **conf: s
     return spark
 
 
-def load(spark: Any, logs: str | Path) -> Any:
-    """The valid records under ``logs``: explicit schema, torn or foreign lines dropped."""
+def load(spark: Any, compacted: str | Path) -> Any:
+    """The records compacted under ``compacted`` (see :func:`analytics.compact.compact`)."""
     from pyspark.sql import functions as F
 
-    raw = (
-        spark.read.schema(spark_ddl())
-        .option("mode", "DROPMALFORMED")
-        .option("recursiveFileLookup", "true")
-        .option("pathGlobFilter", "*.jsonl")
-        .json(str(logs))
-    )
-    return raw.where(
-        (F.col("v") == schema_version()) & F.col("k").isNotNull() & F.col("t").isNotNull()
-    )
+    raw = spark.read.schema(spark_ddl()).parquet(str(compacted))
+    return raw.where(F.col("k").isNotNull() & F.col("t").isNotNull())
 
 
-def compute(records: Any, width: float, timely: float = 1.0) -> dict[str, Any]:
-    """Every output table as a DataFrame (same semantics as :func:`analytics.reference.compute`)."""
+def compute(
+    records: Any, width: float, timely: float = 1.0, rare: Any | None = None
+) -> dict[str, Any]:
+    """Every output table as a DataFrame (same semantics as :func:`analytics.reference.compute`).
+
+    ``rare``: the ``meta`` and ``link`` records when ``records`` holds only the others."""
     from pyspark.sql import functions as F
 
     col, lit = F.col, F.lit
+    rare = records if rare is None else rare
 
     def window_of(t: Any) -> Any:
         return F.floor(t / lit(width)) * lit(width)
@@ -87,7 +111,7 @@ def compute(records: Any, width: float, timely: float = 1.0) -> dict[str, Any]:
         return F.when(den > 0, num / den)
 
     recs = records
-    meta = recs.where(col("k") == "meta")
+    meta = rare.where(col("k") == "meta")
     members = (
         meta.select(col("b").alias("broker"), col("vn").alias("broker_vn"))
         .unionByName(
@@ -145,68 +169,93 @@ def compute(records: Any, width: float, timely: float = 1.0) -> dict[str, Any]:
         .agg(F.sum(F.size("drop")).alias("dropped_deliveries"))
     )
 
-    # What each evaluator saw of each publication it routed from a neighbour VN: one group
-    # per (evaluator, publication) holding its copies, then one row per replica it expected
-    # a copy from (the replicas of the previous VN), computed inside the group.
+    # What each evaluator e saw of each publication (p, s) it routed from a neighbour VN,
+    # without arrays or lambdas (Spark does not compile those): per (e, p, s, digest) the
+    # copies, hence per (e, p, s) the majority digest, the first copy and the previous VN;
+    # per (e, p, s, broker) what that broker sent. Every grouping here is keyed by (p, s)
+    # and more, so none moves data (see ``session``: the records are partitioned by p, s).
     evidence = recs.where(((col("k") == "pub") & ~col("pc")) | col("k").isin("copy", "sig")).select(
         col("b").alias("e"), "p", "s", "k", col("from").alias("broker"), "dig", "t", "prev"
     )
-    seen = (
-        evidence.groupBy("e", "p", "s")
+    is_copy = col("k") != "sig"
+    per_digest = (
+        evidence.where(is_copy)
+        .groupBy("e", "p", "s", "dig")
         .agg(
+            F.count(lit(1)).alias("c"),
+            F.min("t").alias("t"),
             F.max(F.when(col("k") == "pub", col("prev"))).alias("prev_vn"),
-            F.collect_list(F.when(col("k") != "sig", F.struct("broker", "dig", "t"))).alias("cs"),
-            F.collect_set(F.when(col("k") == "sig", col("broker"))).alias("sigs"),
+        )
+    )
+    # The majority digest: most copies, then the smallest digest.
+    seen = (
+        per_digest.groupBy("e", "p", "s")
+        .agg(
+            F.max("prev_vn").alias("prev_vn"),
+            F.min("t").alias("first_t"),
+            F.max(F.struct(col("c"), (-col("dig")).alias("nd"))).alias("best"),
         )
         .where(col("prev_vn").isNotNull())
-    )
-    digests = F.array_distinct(F.transform("cs", lambda x: x["dig"]))
-    # The majority digest: most copies, then the smallest digest.
-    best = F.array_max(
-        F.transform(
-            digests,
-            lambda d: F.struct(
-                F.size(F.filter("cs", lambda x: x["dig"] == d)).alias("c"), (-d).alias("nd")
-            ),
-        )
-    )
-    seen = seen.select(
-        "e",
-        "p",
-        "s",
-        "prev_vn",
-        "cs",
-        "sigs",
-        (-best["nd"]).alias("maj"),
-        F.array_min(F.transform("cs", lambda x: x["t"])).alias("first_t"),
-    )
-    by_vn = members.groupBy("broker_vn").agg(F.collect_set("broker").alias("mem"))
-    expected = seen.join(F.broadcast(by_vn), seen.prev_vn == by_vn.broker_vn).select(
-        "e", "p", "s", "cs", "sigs", "maj", "first_t", F.explode("mem").alias("broker")
-    )
-    mine = F.filter("cs", lambda x: x["broker"] == col("broker"))
-    has = F.size(mine) > 0
-    sig = F.array_contains("sigs", col("broker"))
-    delay = F.array_min(F.transform(mine, lambda x: x["t"])) - col("first_t")
-    per_pub = (
-        expected.select(
-            "e",
-            "p",
-            "s",
-            "broker",
-            F.lit(1).alias("expected"),
-            (has | sig).cast("int").alias("received"),
-            (~has & ~sig).cast("int").alias("missing"),
-            F.exists(mine, lambda x: x["dig"] != col("maj")).cast("int").alias("conflicting"),
-            sig.cast("int").alias("bad_signatures"),
-            (has & (delay <= lit(timely))).cast("int").alias("timely"),
-        )
+        .select("e", "p", "s", "prev_vn", "first_t", (-col("best.nd")).alias("maj"))
         .join(win, ["p", "s"])
         .withColumnRenamed("pw", "w")
         .cache()
     )
-    copy_counts = per_pub.groupBy("w", "e", "broker").agg(
-        *(F.sum(name).alias(name) for name in COPY_COUNTS)
+    sent = evidence.groupBy("e", "p", "s", "broker").agg(
+        F.max(is_copy.cast("int")).alias("has"),
+        F.max((~is_copy).cast("int")).alias("sig"),
+        F.min(F.when(is_copy, col("t"))).alias("t"),
+        F.min(F.when(is_copy, col("dig"))).alias("lo"),
+        F.max(F.when(is_copy, col("dig"))).alias("hi"),
+        F.max((is_copy & col("dig").isNull()).cast("int")).alias("nulls"),
+    )
+    member_vn = F.broadcast(members.select("broker", col("broker_vn").alias("bvn")))
+    conflicting = (col("has") == 1) & (
+        ~col("lo").eqNullSafe(col("maj"))
+        | ~col("hi").eqNullSafe(col("maj"))
+        | ((col("nulls") == 1) & col("maj").isNotNull())
+    )
+    per_pub = (
+        sent.join(seen, ["e", "p", "s"])
+        .join(member_vn, "broker")
+        .where(col("bvn") == col("prev_vn"))
+        .select(
+            "w",
+            "e",
+            "p",
+            "s",
+            "broker",
+            ((col("has") == 1) | (col("sig") == 1)).cast("int").alias("received"),
+            conflicting.cast("int").alias("conflicting"),
+            col("sig").alias("bad_signatures"),
+            ((col("has") == 1) & (col("t") - col("first_t") <= lit(timely)))
+            .cast("int")
+            .alias("timely"),
+        )
+        .cache()
+    )
+    by_vn = members.select(col("broker_vn").alias("prev_vn"), "broker")
+    expected = (
+        seen.groupBy("w", "e", "prev_vn")
+        .agg(F.count(lit(1)).alias("expected"))
+        .join(F.broadcast(by_vn), "prev_vn")
+        .select("w", "e", "broker", "expected")
+    )
+    copy_counts = (
+        per_pub.groupBy("w", "e", "broker")
+        .agg(*(F.sum(n).alias(n) for n in ("received", "conflicting", "bad_signatures", "timely")))
+        .join(expected, ["w", "e", "broker"], "right")
+        .select(
+            "w",
+            "e",
+            "broker",
+            "expected",
+            *(
+                F.coalesce(col(n), lit(0)).alias(n)
+                for n in ("received", "conflicting", "bad_signatures", "timely")
+            ),
+        )
+        .withColumn("missing", col("expected") - col("received"))
     )
     shares = windowed(recs.where(col("k") == "share"))
     share_counts = (
@@ -271,7 +320,7 @@ def compute(records: Any, width: float, timely: float = 1.0) -> dict[str, Any]:
     )
     peer_vn = members.select(col("broker").alias("peer"), col("broker_vn").alias("pv"))
     links_down = (
-        recs.where(col("k") == "link")
+        rare.where(col("k") == "link")
         .join(peer_vn, "peer", "left")
         .groupBy(
             window_of(col("t")).alias("w"),
@@ -293,8 +342,18 @@ def compute(records: Any, width: float, timely: float = 1.0) -> dict[str, Any]:
         .select(*TABLES["link_failures"])
     )
 
+    # A publication met a failure when some evaluator missed a copy it expected (fewer
+    # received than expected, summed over evaluators and brokers), got a conflicting or
+    # badly signed one, or rejected a share of its epoch.
+    size_of = members.groupBy(col("broker_vn").alias("prev_vn")).agg(F.count(lit(1)).alias("m"))
+    owed = seen.join(F.broadcast(size_of), "prev_vn").groupBy("p", "s").agg(F.sum("m").alias("m"))
+    got = per_pub.groupBy("p", "s").agg(
+        F.sum("received").alias("got"),
+        F.sum(col("conflicting") + col("bad_signatures")).alias("bad"),
+    )
     failed = (
-        per_pub.where((col("missing") + col("conflicting") + col("bad_signatures")) > 0)
+        owed.join(got, ["p", "s"], "left")
+        .where((F.coalesce(col("got"), lit(0)) < col("m")) | (F.coalesce(col("bad"), lit(0)) > 0))
         .select("p", "s")
         .unionByName(shares.where(~col("ok") & col("cul").isNotNull()).select("p", "s"))
         .distinct()
@@ -375,25 +434,44 @@ def run(
     width: float = 60.0,
     timely: float = 1.0,
     progress: Progress | None = None,
+    pending: Future[int] | None = None,
 ) -> dict[str, Any]:
-    """Read the logs, compute every table, write them as Parquet with ``summary.json``."""
+    """Read the logs, compute every table, write them as Parquet with ``summary.json``.
+
+    The logs are first compacted to Parquet under ``out/_input`` (removed at the end);
+    ``pending`` is that compaction already under way (:func:`run_cli` starts it beside the
+    JVM)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     say = progress or (lambda _msg: None)
     started = time.monotonic()
     out_dir = Path(out)
+    input_dir = out_dir / INPUT_DIR
+    if pending is None:
+        say("compacting logs to Parquet")
+        compact(logs, input_dir)
+    else:
+        pending.result()
+    say(f"logs compacted ({time.monotonic() - started:.1f} s)")
     # One shuffle up front: every record of a publication in one partition. Every later
     # grouping and join is keyed by (publication, ...) and reuses this partitioning; only
     # the small per-window aggregates move again.
+    # Only the columns the tables need travel; meta and link records stay aside.
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    loaded = load(spark, input_dir)
+    is_rare = F.col("k").isin("meta", "link")
+    rare = loaded.where(is_rare).cache()
     records = (
-        load(spark, logs).repartition(partitions, "p", "s").persist(StorageLevel.MEMORY_AND_DISK)
+        loaded.where(~is_rare)
+        .select(*BIG_COLUMNS)
+        .repartition(partitions, "p", "s")
+        .persist(StorageLevel.MEMORY_AND_DISK)
     )
     say("reading logs")
-    count = records.count()
+    count = records.count() + rare.count()
     say(f"{count} records read ({time.monotonic() - started:.1f} s)")
-    tables = compute(records, width, timely)
+    tables = compute(records, width, timely, rare)
     for name, df in tables.items():
         say(f"writing {name}")
         df.withColumn("version", F.lit(OUTPUT_VERSION)).write.mode("overwrite").parquet(
@@ -404,6 +482,8 @@ def run(
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", "utf-8")
     records.unpersist()
+    rare.unpersist()
+    shutil.rmtree(input_dir, ignore_errors=True)
     say(f"done in {summary['seconds']:.1f} s")
     return summary
 
@@ -476,12 +556,14 @@ def run_cli(args: argparse.Namespace) -> int:
     if not Path(args.logs).exists():
         print(f"analytics: no such log directory: {args.logs}", file=sys.stderr)
         return 2
-    progress("starting Spark" + (f" ({args.master})" if args.master else " (local[*])"))
-    spark = session(args.master)
-    try:
-        summary = run(spark, args.logs, args.out, args.window, args.timely, progress)
-    finally:
-        spark.stop()
+    progress("compacting logs and starting Spark" + (f" ({args.master})" if args.master else ""))
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(compact, args.logs, Path(args.out) / INPUT_DIR)
+        spark = session(args.master)
+        try:
+            summary = run(spark, args.logs, args.out, args.window, args.timely, progress, pending)
+        finally:
+            spark.stop()
     print(json.dumps(summary, indent=2) if args.json else human_summary(summary))
     return 0
 

@@ -292,24 +292,38 @@ class Forwarder:
         tlog = self.tlog
         if tlog is not None:
             if dropped is None:
-                route_key = (source, sender, *targets)
-                hops = tlog.hops.get(route_key)
-                if hops is None:
-                    hops = tlog.hops_fragment(route_key, source, sender, targets, None)
-            else:
-                hops = tlog.hops_fragment(None, source, sender, targets, dropped)
-            tlog.append(
-                (
-                    "pub",
-                    time.time(),
-                    publisher,
-                    seq,
-                    hops,
-                    len(payload),
-                    sec is not None,
-                    digest,
+                route_key = (source, *targets)
+                route = tlog.routes.get(route_key)
+                if route is None:
+                    route = tlog.define_route(route_key, source, targets)
+                tlog.append(
+                    (
+                        "pub",
+                        time.time(),
+                        publisher,
+                        seq,
+                        route,
+                        sender,
+                        len(payload),
+                        sec is not None,
+                        digest,
+                    )
                 )
-            )
+            else:
+                tlog.append(
+                    tlog.dropped_pub(
+                        time.time(),
+                        publisher,
+                        seq,
+                        source,
+                        sender,
+                        targets,
+                        dropped,
+                        len(payload),
+                        sec is not None,
+                        digest,
+                    )
+                )
         if sec is not None:
             # After the content, so every hop sees a publication before its key shares.
             self.shares.routed(publisher, sec.epoch, targets, sec)

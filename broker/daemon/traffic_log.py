@@ -1,16 +1,19 @@
 """Traffic logs (SPEC §7): one record per publication a broker handles, written off the loop.
 
-The hot path only appends a tuple of references to a :class:`collections.deque` (atomic,
-no lock, no formatting). A writer thread wakes every ``flush_interval`` seconds, takes
-everything queued, formats it as JSON Lines in the layout of the versioned schema in
-``analytics/traffic_log_schema.json`` (the job reads the same file), and appends it to the
-current file with one write and a flush. A crash therefore loses at most the records of
-the last interval; a write cut short leaves one torn last line, which the readers skip.
+The hot path appends a tuple of strings and numbers to a plain list (atomic under the GIL, no
+lock, no formatting); a ``pub`` names its hops by a route id, defined once per route
+(:meth:`TrafficLog.define_route`). A writer thread wakes every ``flush_interval`` seconds,
+swaps the list for an empty one and packs what it took with msgpack, one C call per chunk,
+into frames of the version-2 format of :mod:`analytics.logfile` (layouts in
+``analytics/traffic_log_schema.json``, which the job reads too), appended with one write and
+a flush. A crash therefore loses at most the records of the last interval; a write cut short
+leaves one torn last frame, which the readers skip.
 
-Files live in ``<dir>/<broker id>/traffic-<UTC start>.jsonl``; a file is closed and a new
-one started after ``rotate_seconds`` or ``rotate_bytes``, and the oldest closed files are
-deleted past ``retention_bytes`` or ``retention_seconds``. Every file starts with a
-``meta`` record: the broker, its VN, replica, VN size and the overlay brokers it knows.
+Files live in ``<dir>/<broker id>/traffic-<UTC start>.tlog``; a file is closed and a new one
+started after ``rotate_seconds`` or ``rotate_bytes``, and the oldest closed files are deleted
+past ``retention_bytes`` or ``retention_seconds``. Every file starts with a ``meta`` record
+(the broker, its VN, replica, VN size and the overlay brokers it knows) and the routes known
+when it was opened, so each file reads on its own.
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ import json
 import logging
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable
+import zlib
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from importlib.resources import files
 from pathlib import Path
 from typing import IO, Any
+
+import msgpack
 
 from broker.daemon.config import BrokerConfig, TrafficLogConfig, vn_of
 
@@ -33,33 +38,19 @@ log = logging.getLogger("trellis.traffic")
 
 SCHEMA_FILE = "traffic_log_schema.json"
 SCHEMA_PACKAGE = "analytics"
+SUFFIX = ".tlog"
+FRAME_RECORDS = 8192  # records per frame: bounds how long one packb holds the GIL
 
-# The fields this writer emits, in order; checked against the schema file at start.
-WRITER_FIELDS = (
-    "v",
-    "k",
-    "t",
-    "b",
-    "vn",
-    "r",
-    "p",
-    "s",
-    "prev",
-    "pc",
-    "from",
-    "next",
-    "loc",
-    "drop",
-    "n",
-    "conf",
-    "dig",
-    "ok",
-    "cul",
-    "why",
-    "peer",
-    "vs",
-    "nb",
-)
+# The record layouts this writer emits; checked against the schema file at start.
+WRITER_RECORDS: dict[str, tuple[str, ...]] = {
+    "meta": ("k", "t", "b", "vn", "r", "vs", "nb"),
+    "route": ("k", "route", "prev", "pc", "next", "loc", "drop"),
+    "pub": ("k", "t", "p", "s", "route", "from", "n", "conf", "dig"),
+    "pubx": ("k", "t", "p", "s", "prev", "pc", "from", "next", "loc", "drop", "n", "conf", "dig"),
+    "copy": ("k", "t", "p", "s", "prev", "from", "dig"),
+    "share": ("k", "t", "p", "s", "from", "ok", "cul", "why"),
+    "link": ("k", "t", "peer"),
+}
 
 Record = tuple[Any, ...]
 
@@ -68,11 +59,13 @@ def load_schema() -> dict[str, Any]:
     """The traffic-log schema document shared with the analytics job."""
     text = files(SCHEMA_PACKAGE).joinpath(SCHEMA_FILE).read_text("utf-8")
     doc: dict[str, Any] = json.loads(text)
-    names = tuple(name for name, _type, _doc in doc["fields"])
-    if names != WRITER_FIELDS:
-        raise ValueError(
-            f"traffic-log schema v{doc['version']} lists {names}; writer has {WRITER_FIELDS}"
-        )
+    layouts = doc.get("records", {})
+    for kind, fields in WRITER_RECORDS.items():
+        if tuple(layouts.get(kind, ())) != fields:
+            raise ValueError(
+                f"traffic-log schema v{doc['version']} lays out {kind!r} as "
+                f"{layouts.get(kind)}; writer has {fields}"
+            )
     return doc
 
 
@@ -91,17 +84,18 @@ def log_dir(config: BrokerConfig) -> Path | None:
 class _LinkDown(logging.Handler):
     """Turns the daemon's 'link a-b down' log lines into link-failure records."""
 
-    def __init__(self, append: Callable[[Record], None]) -> None:
+    def __init__(self, log: TrafficLog) -> None:
         super().__init__(logging.INFO)
-        self._append = append
+        self._log = log
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.msg == "link %s-%s down" and isinstance(record.args, tuple):
-            self._append(("link", record.created, str(record.args[-1])))
+            self._log.append(("link", record.created, str(record.args[-1])))
 
 
 class TrafficLog:
-    """A broker's traffic-log writer. ``append`` is the only method the hot path calls."""
+    """A broker's traffic-log writer. The hot path calls ``append`` (and, for a route not
+    seen before, :meth:`define_route`); everything else runs on the writer thread."""
 
     def __init__(self, config: BrokerConfig, directory: Path) -> None:
         self.settings: TrafficLogConfig = config.traffic_log
@@ -109,119 +103,96 @@ class TrafficLog:
         self.broker_id = config.id
         self.directory = directory / config.id
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._queue: deque[Record] = deque()
-        self.append: Callable[[Record], None] = self._queue.append
-        self._cache: dict[str, str] = {}
-        # (source, sender, *targets) -> the hops part of a pub line; loop thread only.
-        self.hops: dict[tuple[Any, ...], str] = {}
-        q = self._q
-        self._ident = (
-            f'"v":{self.version},"b":{q(config.id)},"vn":{q(vn_of(config))},"r":{config.replica}'
-        )
-        nb = [
-            {"id": n.id, "vn": n.vn_id, "r": n.replica} for n in (*config.neighbours, *config.peers)
-        ]
-        self._meta = (
-            f'{{{self._ident},"k":"meta","t":%.6f,"vs":{config.vn_size},'
-            f'"nb":{json.dumps(nb, separators=(",", ":"))}}}\n'
-        )
-        self._file: IO[str] | None = None
+        self._buffer: list[Record] = []
+        self.append: Callable[[Record], None] = self._buffer.append
+        # The list the writer took last time and how much of it it wrote: an append that
+        # fetched the old list's method just before the swap lands there (checked next time).
+        self._taken: tuple[list[Record], int] = ([], 0)
+        # (source hop, *target hops) -> route id; id -> its route record. Loop thread only,
+        # except that the writer copies ``route_defs`` into every new file.
+        self.routes: dict[tuple[Any, ...], int] = {}
+        self.route_defs: dict[int, Record] = {}
+        self._old_defs: dict[int, Record] = {}  # the generation before the last reset
+        self._next_route = 0
+        nb = [(n.id, n.vn_id, n.replica) for n in (*config.neighbours, *config.peers)]
+        self._meta = ("meta", 0.0, config.id, vn_of(config), config.replica, config.vn_size, nb)
+        self._file: IO[bytes] | None = None
         self._opened = 0.0
         self._size = 0
         self.records_written = 0
         self.files_deleted = 0
         self._stop = threading.Event()
-        self._handler = _LinkDown(self.append)
+        self._handler = _LinkDown(self)
         logging.getLogger("trellis.overlay").addHandler(self._handler)
         self._thread = threading.Thread(target=self._run, name="traffic-log", daemon=True)
         self._thread.start()
         atexit.register(self.close)
 
-    # -- formatting (writer thread) --------------------------------------------------------
+    # -- the hot path's helpers (event loop) -----------------------------------------------
 
-    def _q(self, text: object) -> str:
-        if text is None:
-            return "null"
-        s = str(text)
-        quoted = self._cache.get(s)
-        if quoted is None:
-            if len(self._cache) > 65536:
-                self._cache.clear()
-            quoted = self._cache[s] = json.dumps(s)
-        return quoted
+    def define_route(self, key: tuple[Any, ...], source: Any, targets: Iterable[Any]) -> int:
+        """A new route's id, its ``route`` record queued (routes repeat, so the hot path
+        formats nothing and holds no hop objects)."""
+        nxt = [str(h.peer_id) for h in targets if h.is_broker]
+        loc = [str(h.peer_id) for h in targets if not h.is_broker]
+        if len(self.routes) > 4096:
+            # Records still queued may name the old routes: a new file gets them too.
+            self.routes, self._old_defs, self.route_defs = {}, self.route_defs, {}
+        route = self._next_route
+        self._next_route += 1
+        record: Record = ("route", route, _str(source.peer_id), not source.is_broker, nxt, loc, [])
+        self.route_defs[route] = record
+        self.routes[key] = route
+        self.append(record)
+        return route
 
-    def hops_fragment(
+    def dropped_pub(
         self,
-        key: tuple[Any, ...] | None,
+        t: float,
+        publisher: str,
+        seq: int,
         source: Any,
         sender: object,
-        targets: Iterable[Any],
-        dropped: list[Any] | None,
-    ) -> str:
-        """The hops part of a ``pub`` line (called on the loop, cached in ``hops`` by
-        ``key``: routes repeat, so the hot path formats nothing and holds no hop objects)."""
-
-        def q(text: object) -> str:
-            return "null" if text is None else json.dumps(str(text))
-
-        nxt = []
-        loc = []
-        for hop in targets:
-            if hop.is_broker:
-                nxt.append(q(hop.peer_id))
-            elif not dropped or hop not in dropped:
-                loc.append(q(hop.peer_id))
-        drop = ",".join(q(h.peer_id) for h in dropped) if dropped else ""
-        text = (
-            f'"prev":{q(source.peer_id)},"pc":{"false" if source.is_broker else "true"},'
-            f'"from":{q(sender)},"next":[{",".join(nxt)}],"loc":[{",".join(loc)}],'
-            f'"drop":[{drop}]'
+        targets: Mapping[Any, Any],
+        dropped: list[Any],
+        nbytes: int,
+        conf: bool,
+        digest: int | None,
+    ) -> Record:
+        """A ``pub`` record with its hops inline (a delivery was dropped: rare)."""
+        nxt = [str(h.peer_id) for h in targets if h.is_broker]
+        loc = [str(h.peer_id) for h in targets if not h.is_broker and h not in dropped]
+        drop = [str(h.peer_id) for h in dropped]
+        prev = _str(source.peer_id)
+        pc = not source.is_broker
+        return (
+            "pubx",
+            t,
+            publisher,
+            seq,
+            prev,
+            pc,
+            _str(sender),
+            nxt,
+            loc,
+            drop,
+            nbytes,
+            conf,
+            digest,
         )
-        if key is not None:
-            if len(self.hops) > 4096:
-                self.hops.clear()
-            self.hops[key] = text
-        return text
-
-    def _format(self, rec: Record) -> str:
-        kind = rec[0]
-        q = self._q
-        if kind == "pub":
-            _, t, publisher, seq, hops, nbytes, conf, dig = rec
-            return (
-                f'{{{self._ident},"k":"pub","t":{t:.6f},"p":{q(publisher)},"s":{seq},{hops},'
-                f'"n":{nbytes},"conf":{"true" if conf else "false"},'
-                f'"dig":{"null" if dig is None else dig}}}\n'
-            )
-        if kind in ("copy", "sig"):
-            _, t, publisher, seq, prev, sender, dig = rec
-            return (
-                f'{{{self._ident},"k":"{kind}","t":{t:.6f},"p":{q(publisher)},"s":{seq},'
-                f'"prev":{q(prev)},"from":{q(sender)},'
-                f'"dig":{"null" if dig is None else dig}}}\n'
-            )
-        if kind == "share":
-            _, t, publisher, epoch, sender, ok, culprit, why = rec
-            return (
-                f'{{{self._ident},"k":"share","t":{t:.6f},"p":{q(publisher)},"s":{epoch},'
-                f'"from":{q(sender)},"ok":{"true" if ok else "false"},"cul":{q(culprit)},'
-                f'"why":{q(why)}}}\n'
-            )
-        if kind == "link":
-            _, t, peer = rec
-            return f'{{{self._ident},"k":"link","t":{t:.6f},"peer":{q(peer)}}}\n'
-        raise ValueError(f"unknown traffic-log record kind {kind!r}")
 
     # -- files (writer thread) ---------------------------------------------------------------
 
-    def _open(self, now: float) -> IO[str]:
+    def _open(self, now: float) -> IO[bytes]:
         stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%dT%H%M%S.%fZ")
-        path = self.directory / f"traffic-{stamp}.jsonl"
-        handle = path.open("a", encoding="utf-8", buffering=1 << 20)
-        meta = self._meta % now
-        handle.write(meta)
+        path = self.directory / f"traffic-{stamp}{SUFFIX}"
+        handle = path.open("ab")
+        routes = [*list(self._old_defs.values()), *list(self.route_defs.values())]
+        head = [(*self._meta[:1], now, *self._meta[2:]), *routes]
+        data = _frame(head)
+        handle.write(data)
         handle.flush()
-        self._file, self._opened, self._size = handle, now, len(meta)
+        self._file, self._opened, self._size = handle, now, len(data)
         return handle
 
     def _rotate_if_due(self, now: float) -> None:
@@ -237,7 +208,11 @@ class TrafficLog:
         """Delete the oldest closed files past the retention limits."""
         s = self.settings
         current = Path(self._file.name) if self._file is not None else None
-        closed = [p for p in sorted(self.directory.glob("traffic-*.jsonl")) if p != current]
+        closed = [
+            p
+            for p in sorted(self.directory.glob("traffic-*"))
+            if p != current and p.suffix in (SUFFIX, ".jsonl")
+        ]
         sizes = {p: p.stat().st_size for p in closed}
         total = sum(sizes.values()) + self._size
         for path in closed:
@@ -248,32 +223,33 @@ class TrafficLog:
             path.unlink(missing_ok=True)
             self.files_deleted += 1
 
-    def _write(self, records: Iterable[Record]) -> None:
+    def _write(self, records: list[Record]) -> None:
         now = time.time()
         self._rotate_if_due(now)
-        lines = []
-        for rec in records:
-            try:
-                lines.append(self._format(rec))
-            except (ValueError, TypeError, AttributeError) as exc:
-                log.warning("traffic log: record skipped: %s", exc)
-        if not lines:
+        if not records:
             return
+        chunks = []
+        for at in range(0, len(records), FRAME_RECORDS):
+            try:
+                chunks.append(_frame(records[at : at + FRAME_RECORDS]))
+            except (ValueError, TypeError, OverflowError) as exc:
+                log.warning("traffic log: %d records skipped: %s", FRAME_RECORDS, exc)
         handle = self._file or self._open(now)
-        data = "".join(lines)
+        data = b"".join(chunks)
         handle.write(data)
         handle.flush()
         self._size += len(data)
-        self.records_written += len(lines)
+        self.records_written += len(records)
 
     def flush(self) -> None:
-        """Write everything queued so far (the writer thread does this every interval)."""
-        queue = self._queue
-        batch = [queue.popleft() for _ in range(len(queue))]
-        if batch:
-            self._write(batch)
-        else:
-            self._rotate_if_due(time.time())
+        """Write everything appended so far (the writer thread does this every interval)."""
+        taken, done = self._taken
+        late = taken[done:]  # appended to the previous list during its swap: rare
+        fresh: list[Record] = []
+        self._buffer, batch = fresh, self._buffer
+        self.append = fresh.append
+        self._taken = (batch, len(batch))
+        self._write([*late, *batch] if late else batch)
 
     def _run(self) -> None:
         interval = self.settings.flush_interval
@@ -292,12 +268,23 @@ class TrafficLog:
         self._thread.join(timeout=5.0)
         try:
             self.flush()
+            self.flush()  # anything that landed in the last list during its swap
         except OSError as exc:
             log.warning("traffic log: cannot write to %s: %s", self.directory, exc)
         if self._file is not None:
             self._file.close()
             self._file = None
         atexit.unregister(self.close)
+
+
+def _str(text: object) -> str | None:
+    return None if text is None else str(text)
+
+
+def _frame(records: list[Record]) -> bytes:
+    """One frame of the version-2 format (see :mod:`analytics.logfile`)."""
+    body = msgpack.packb(records)
+    return len(body).to_bytes(4, "little") + zlib.crc32(body).to_bytes(4, "little") + body
 
 
 def open_traffic_log(config: BrokerConfig) -> TrafficLog | None:
