@@ -81,3 +81,12 @@ def test_parse_arrow() -> None:
     for bad in ("b0", "-> b3", "b0 ->", "a -> b -> c"):
         with pytest.raises(ValueError, match="SRC -> DST"):
             parse_arrow(bad)
+
+
+def test_the_readme_example_loads(tmp_path: Path) -> None:
+    readme = (EXAMPLE.parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Replica placement", 1)[1]
+    block = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    config = load_placement_config(write(tmp_path, block))
+    assert config.path_keys() == [("b0", "b4"), ("b1", "b3")]
+    assert config.omega([("b0", "b4"), ("b1", "b3")]) == {("b0", "b4"): 3.0, ("b1", "b3"): 2.0}
