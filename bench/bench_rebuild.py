@@ -4,6 +4,7 @@ Not a test. Run from the repository root:
 
     .venv/bin/python bench/bench_rebuild.py            # full run, about 3 minutes on 2 cores
     .venv/bin/python bench/bench_rebuild.py --quick    # smoke run, seconds
+    .venv/bin/python bench/bench_rebuild.py --mtpsto   # tabu-direct's misses, about 10 minutes
 
 Workload (the same generator as tests/reconfig/test_rebuild.py): a uniformly random labelled
 tree over n VNs; n/2 demand classes, each a random publisher VN with 3 random subscriber VNs and
@@ -132,10 +133,59 @@ def timing(sizes: list[int], seeds: int) -> list[dict[str, Any]]:
     return rows
 
 
+def mtpsto(sets: list[tuple[str, int]]) -> dict[str, Any]:
+    """tabu-direct as the planner inherits it, against the proven optimum (SPEC §6 problems).
+
+    Three variants per problem: ``plain`` (no kicks, no exact first: the search as it was),
+    ``kicks`` (the heuristic alone, with kicks) and ``default`` (exact first, then kicks);
+    1 s limit each, as bench/bench_mtpsto.py gives tabu-direct.
+    """
+    from overlay.pst import compile_problem
+    from reconfig.mtpsto import generate_set, solve_exact, solve_tabu_direct
+
+    variants = {
+        "plain": {"kicks": 0, "exact_share": None},
+        "kicks": {"exact_share": None},
+        "default": {},
+    }
+    gaps: dict[str, list[float]] = {v: [] for v in variants}
+    seconds: dict[str, list[float]] = {v: [] for v in variants}
+    feasible = 0
+    for set_name, seed in sets:
+        for problem in generate_set(set_name, seed):
+            inst = compile_problem(problem)
+            exact = solve_exact(inst, time_limit=30.0)
+            if exact.evaluation is None or not exact.proven_optimal:
+                continue
+            feasible += 1
+            for v, kwargs in variants.items():
+                sol = solve_tabu_direct(inst, time_limit=1.0, **kwargs)  # type: ignore[arg-type]
+                ok = sol.evaluation is not None and sol.evaluation.within_budget
+                trust = sol.evaluation.trust if ok and sol.evaluation else 0.0
+                gaps[v].append(1.0 - trust / exact.evaluation.trust)
+                seconds[v].append(sol.seconds)
+    out: dict[str, Any] = {"sets": [f"{s}{seed}" for s, seed in sets], "feasible": feasible}
+    for v in variants:
+        out[v] = {
+            "optimal": sum(g <= 1e-9 for g in gaps[v]),
+            "worst_gap": max(gaps[v], default=0.0),
+            "median_s": statistics.median(seconds[v]) if seconds[v] else 0.0,
+            "max_s": max(seconds[v], default=0.0),
+        }
+    print(json.dumps(out), flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, few seeds")
+    parser.add_argument(
+        "--mtpsto", action="store_true", help="only tabu-direct against the exact solver"
+    )
     args = parser.parse_args()
+    if args.mtpsto:
+        mtpsto([("A", 2), ("A", 3), ("B", 2), ("B", 3), ("C", 2)])
+        return
     if args.quick:
         quality([5], 3)
         timing([20], 1)

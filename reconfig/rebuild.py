@@ -20,8 +20,9 @@ it.
 
 **Constraint on distrusted VNs.** A VN is *distrusted* when its trust falls below
 ``distrust_below``; a distrusted VN must be a leaf (degree ≤ 1), so no traffic between other
-VNs crosses it. The search minimises, in this order: the number of distrusted VNs that are not
-leaves, then maximises social trust, then minimises cost. A distrusted VN still in a transit
+VNs crosses it. The search minimises, in this order: the distrusted VNs raised from a leaf into
+a non-leaf position, the distrusted VNs that are not leaves, then maximises social trust, then
+minimises cost. A distrusted VN still in a transit
 position in the best tree within budget, or whose trust is below ``detach_below`` (as a leaf it
 still carries its own clients' traffic), is *flagged for detach*.
 
@@ -64,7 +65,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from overlay.tree import Link, TopologyChange, Tree, link
+from overlay.tree import Link, Tree, link
 from reconfig.cost import CostModel, Demands, SwapEvaluator
 from reconfig.ocbr import TabuParams, tabu_search
 from security.trust import DEFAULT_DELTA, leximin_owa
@@ -82,6 +83,7 @@ __all__ = [
     "moves_between",
     "ocbr_demands",
     "plan_rebuild",
+    "raised_transit",
     "score_tree",
     "transit_vns",
     "update_trust_state",
@@ -215,7 +217,10 @@ class Score:
         social: analytical leximin over the clients' individual trust.
         individual: each client VN's individual trust.
         cost: OCBR routing cost.
-        violations: distrusted VNs that are not leaves.
+        violations: distrusted VNs that are not leaves, each counting 1, or n + 1 (n VNs)
+            for one that is a leaf in the current tree: raising a distrusted VN into a
+            transit position is worse than any number of other violations, and only chosen
+            when no tree within the budget avoids it (it is then flagged).
     """
 
     social: float
@@ -335,6 +340,7 @@ class _Scorer:
         trust: Mapping[str, float],
         distrusted: frozenset[str],
         delta: float,
+        pinned: frozenset[str] = frozenset(),
     ) -> None:
         self.names = names
         index = {x: i for i, x in enumerate(names)}
@@ -346,6 +352,11 @@ class _Scorer:
             self.partners.setdefault(b, []).append(k)
         self.partners = dict(sorted(self.partners.items()))
         self.distrusted = [x in distrusted for x in names]
+        # A distrusted VN that is a leaf today must not be raised: as a non-leaf it weighs
+        # more than every other violation together.
+        self.weight = [
+            (len(names) + 1 if x in pinned else 1) if x in distrusted else 0 for x in names
+        ]
         self.delta = delta
 
     def paths(self, adj: list[set[int]]) -> list[list[int]]:
@@ -402,7 +413,7 @@ class _Scorer:
         return social, individual, paths
 
     def violations(self, adj: list[set[int]]) -> int:
-        return sum(1 for i, bad in enumerate(self.distrusted) if bad and len(adj[i]) > 1)
+        return sum(w for i, w in enumerate(self.weight) if w and len(adj[i]) > 1)
 
 
 def _check_trust(value: float, vn: str) -> float:
@@ -418,12 +429,14 @@ def score_tree(
     model: CostModel,
     distrusted: Iterable[str] = (),
     delta: float = DEFAULT_DELTA,
+    pinned: Iterable[str] = (),
 ) -> Score:
-    """Score one tree (the reference the search's numbers agree with)."""
+    """Score one tree (the reference the search's numbers agree with); ``pinned`` are the
+    distrusted VNs that are leaves in the current tree (see :class:`Score`)."""
     from reconfig.cost import routing_cost
 
     names = sorted(tree.brokers)
-    scorer = _Scorer(names, classes, trust, frozenset(distrusted), delta)
+    scorer = _Scorer(names, classes, trust, frozenset(distrusted), delta, frozenset(pinned))
     adj = _adjacency(names, tree.links)
     social, individual, _ = scorer.social(adj)
     cost = routing_cost(tree, ocbr_demands(classes), model)
@@ -486,6 +499,7 @@ def exhaustive_best(
     epsilon: float = 0.1,
     budget: float | None = None,
     delta: float = DEFAULT_DELTA,
+    pinned: Iterable[str] = (),
 ) -> tuple[frozenset[Link], Score, float]:
     """The optimum by enumerating all n^(n-2) trees over ``tree``'s VNs.
 
@@ -494,7 +508,7 @@ def exhaustive_best(
         ``(1 + epsilon) ×`` the true minimum cost), its score, and the true minimum cost.
     """
     names = sorted(tree.brokers)
-    scorer = _Scorer(names, classes, trust, frozenset(distrusted), delta)
+    scorer = _Scorer(names, classes, trust, frozenset(distrusted), delta, frozenset(pinned))
     ev = SwapEvaluator.from_tree(tree, ocbr_demands(classes), model)
     assert ev.names == names
     candidates: list[tuple[list[tuple[int, int]], float]] = []
@@ -665,11 +679,11 @@ class _Search:
         for node, d in ((x, -1), (y, -1), (a, 1), (b, 1)):
             degree_change[node] = degree_change.get(node, 0) + d
         violations = self.violations
-        distrusted = self.scorer.distrusted
+        weight = self.scorer.weight
         for node, d in degree_change.items():
-            if distrusted[node]:
+            if weight[node]:
                 old = len(self.adj[node])
-                violations += (old + d > 1) - (old > 1)
+                violations += weight[node] * ((old + d > 1) - (old > 1))
         return (-violations, self._social(individual), -cost)
 
     def run(
@@ -861,38 +875,130 @@ def _tolerance(cost: float) -> float:
 # -- moves -----------------------------------------------------------------------------------
 
 
-def moves_between(before: Tree, after: Tree) -> list[Move]:
+def _slide(current: Tree, remove: Link, add: Link, u_first: bool) -> tuple[list[Move], Tree]:
+    """The moves of one swap: slide one end of the removed link, then the other."""
+    u, v = remove
+    a, b = add
+    side_u, _side_v = current.sides((u, v))
+    if a not in side_u:
+        a, b = b, a
+    if not u_first:  # slide the v end first: the same moves seen from the other side
+        u, v, a, b = v, u, b, a
+    moves: list[Move] = []
+    # Slide the u end towards a: link (cur, v) becomes (nxt, v) at master cur.
+    for cur, nxt in itertools.pairwise(current.path(u, a)):
+        step = Move(master=cur, vn=v, via=nxt)
+        current = current.swap(step.remove, step.add)
+        moves.append(step)
+    # Then the v end towards b: link (a, cur) becomes (a, nxt) at master cur.
+    for cur, nxt in itertools.pairwise(current.path(v, b)):
+        step = Move(master=cur, vn=a, via=nxt)
+        current = current.swap(step.remove, step.add)
+        moves.append(step)
+    return moves, current
+
+
+def _carried(tree: Tree, pairs: Iterable[tuple[str, str]], avoid: frozenset[str]) -> set[Any]:
+    """(pair, VN) for every VN of ``avoid`` strictly inside a pair's path."""
+    out: set[Any] = set()
+    for p, q in pairs:
+        for m in tree.path(p, q)[1:-1]:
+            if m in avoid:
+                out.add((p, q, m))
+    return out
+
+
+#: Above this many VNs, moves are ordered without checking what distrusted VNs carry.
+_CAREFUL_MOVES_UP_TO = 40
+
+#: Swaps compared per step when ordering moves carefully.
+_CAREFUL_OPTIONS = 12
+
+
+def moves_between(
+    before: Tree,
+    after: Tree,
+    *,
+    avoid: Iterable[str] = (),
+    pairs: Iterable[tuple[str, str]] = (),
+) -> list[Move]:
     """Neighbourhood moves turning ``before`` into ``after``, each leaving a spanning tree.
 
-    The change is split into swaps (:meth:`overlay.tree.Tree.decompose`); a swap "remove u–v,
-    add a–b" (a on u's side) slides the link's u end along the path u…a, then its v end along
-    the path v…b, one hop per move.
+    The change is split into swaps (remove a link of ``before``, add one of ``after`` on the
+    cycle it closes); a swap "remove u–v, add a–b" (a on u's side) slides one end of the
+    link along the tree to its new end, then the other, one hop per move.
+
+    With ``avoid`` (the distrusted VNs): each of them that ends as a leaf is demoted first,
+    by re-hanging its other neighbours onto one trusted neighbour (moves at the distrusted
+    VN itself, which never make it carry more). With ``pairs`` (traffic partners) too, the
+    remaining swaps and the order of each swap's two slides are chosen greedily so that the
+    trees on the way make a VN of ``avoid`` carry as few partner pairs it did not carry in
+    ``before`` as possible (up to 40 VNs; above, the first valid order).
     """
-    change = TopologyChange(
-        remove=tuple(before.links - after.links), add=tuple(after.links - before.links)
-    )
+    avoid_set = frozenset(avoid)
+    pair_list = list(pairs)
+    careful = bool(avoid_set and pair_list) and len(before.brokers) <= _CAREFUL_MOVES_UP_TO
+    baseline = _carried(before, pair_list, avoid_set) if careful else set()
     current = before
     moves: list[Move] = []
-    for remove, add in before.decompose(change):
-        u, v = remove
-        a, b = add
-        side_u, _side_v = current.sides((u, v))
-        if a not in side_u:
-            a, b = b, a
-        # Slide the u end towards a: link (cur, v) becomes (nxt, v) at master cur.
-        path = current.path(u, a)
-        for cur, nxt in itertools.pairwise(path):
-            step = Move(master=cur, vn=v, via=nxt)
+    # First demote each distrusted VN that ends as a leaf: at master d, re-hang every other
+    # neighbour onto one trusted neighbour x. d then carries nothing it did not carry before
+    # (pairs between x's side and y's side stop crossing it), and x is trusted.
+    for d in sorted(avoid_set):
+        if len(after.neighbours(d)) > 1 or len(current.neighbours(d)) <= 1:
+            continue
+        trusted = sorted(current.neighbours(d) - avoid_set)
+        if not trusted:
+            continue
+        keep = next((x for x in trusted if x in after.neighbours(d)), trusted[0])
+        for y in sorted(current.neighbours(d) - {keep}):
+            step = Move(master=d, vn=y, via=keep)
             current = current.swap(step.remove, step.add)
             moves.append(step)
-        # Then the v end towards b: link (a, cur) becomes (a, nxt) at master cur.
-        path = current.path(v, b)
-        for cur, nxt in itertools.pairwise(path):
-            step = Move(master=cur, vn=a, via=nxt)
-            current = current.swap(step.remove, step.add)
-            moves.append(step)
-    assert current.links == after.links
+    while current.links != after.links:
+        pending = current.links - after.links
+        options: list[tuple[Link, Link]] = []
+        for new in sorted(after.links - current.links):
+            path = current.path(*new)
+            options.extend(
+                (link(x, y), new) for x, y in itertools.pairwise(path) if link(x, y) in pending
+            )
+        options = options[:_CAREFUL_OPTIONS] if careful else options[:1]
+        best: tuple[tuple[int, int], list[Move], Tree] | None = None
+        for remove, new in options:
+            for u_first in (True, False) if careful else (True,):
+                steps, end = _slide(current, remove, new, u_first)
+                raised = 0
+                if careful:
+                    tree = current
+                    for step in steps:
+                        tree = tree.swap(step.remove, step.add)
+                        raised += len(_carried(tree, pair_list, avoid_set) - baseline)
+                rank = (raised, len(steps))
+                if best is None or rank < best[0]:
+                    best = (rank, steps, end)
+        assert best is not None  # a valid change always has a swap (exchange property)
+        moves.extend(best[1])
+        current = best[2]
     return moves
+
+
+def raised_transit(
+    before: Tree, moves: Iterable[Move], classes: DemandClasses, avoid: Iterable[str]
+) -> list[tuple[int, str]]:
+    """(move number, VN) whenever a move makes a VN of ``avoid`` carry a partner pair it did
+    not carry before the first move (the safety a plan is checked against)."""
+    avoid_set = frozenset(avoid)
+    pairs = _partner_pairs(classes)
+    baseline = _carried(before, pairs, avoid_set)
+    out: list[tuple[int, str]] = []
+    tree = before
+    for i, step in enumerate(moves, 1):
+        tree = tree.swap(step.remove, step.add)
+        out.extend(
+            (i, vn) for vn in sorted({m for *_p, m in _carried(tree, pairs, avoid_set) - baseline})
+        )
+    return out
 
 
 def apply_moves(tree: Tree, moves: Iterable[Move]) -> list[Tree]:
@@ -947,7 +1053,8 @@ def plan_rebuild(
     names = sorted(vns.brokers)
     new_state = update_trust_state({v: trust.get(v, 1.0) for v in names}, state, params)
     distrusted = new_state.distrusted & vns.brokers
-    scorer = _Scorer(names, classes, trust, distrusted, params.delta)
+    pinned = frozenset(v for v in distrusted if len(vns.neighbours(v)) <= 1)
+    scorer = _Scorer(names, classes, trust, distrusted, params.delta, pinned)
     demands = ocbr_demands(classes)
     ev = SwapEvaluator.from_tree(vns, demands, model)
     start_cost = ev.cost
@@ -964,6 +1071,7 @@ def plan_rebuild(
             trust,
             model,
             distrusted=distrusted,
+            pinned=pinned,
             epsilon=params.epsilon,
             budget=budget,
             delta=params.delta,
@@ -1012,7 +1120,14 @@ def plan_rebuild(
     else:
         reason = "constraint" if not within or before.violations else "gain"
     after = Tree(vns.brokers, links, tree.clients)
-    moves = tuple(moves_between(Tree(vns.brokers, start_links, tree.clients), after))
+    moves = tuple(
+        moves_between(
+            Tree(vns.brokers, start_links, tree.clients),
+            after,
+            avoid=distrusted,
+            pairs=_partner_pairs(classes),
+        )
+    )
     adj_after = _adjacency(names, links)
     demoted = tuple(
         v

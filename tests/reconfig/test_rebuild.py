@@ -21,6 +21,7 @@ from reconfig.rebuild import (
     moves_between,
     ocbr_demands,
     plan_rebuild,
+    raised_transit,
     score_tree,
     transit_vns,
     update_trust_state,
@@ -148,7 +149,8 @@ def test_the_planned_score_is_the_planned_trees_score(n: int, seed: int) -> None
     tree, classes, trust = problem(n, seed)
     model = CostModel(alpha=1.0, beta=2.0)
     plan = plan_rebuild(tree, classes, trust, model, rng=random.Random(seed))
-    again = score_tree(plan.after, classes, trust, model, plan.distrusted)
+    pinned = [v for v in plan.distrusted if len(tree.neighbours(v)) <= 1]
+    again = score_tree(plan.after, classes, trust, model, plan.distrusted, pinned=pinned)
     assert again.social == pytest.approx(plan.score_after.social, abs=1e-12)
     assert again.cost == pytest.approx(plan.score_after.cost)
     assert again.violations == plan.score_after.violations
@@ -177,6 +179,23 @@ def test_a_distrusted_vn_never_ends_in_a_transit_position(n: int, seed: int, tig
         assert not transit & plan.distrusted
 
 
+@settings(max_examples=25, deadline=None)
+@given(st.integers(5, 16), st.integers(0, 10_000))
+def test_from_a_tree_within_budget_no_move_raises_a_distrusted_vn(n: int, seed: int) -> None:
+    tree, classes, trust = problem(n, seed)
+    # A tree as a previous cycle leaves it: planned for cost with everybody trusted.
+    tree = plan_rebuild(tree, classes, {}, CostModel()).after
+    plan = plan_rebuild(tree, classes, trust, CostModel(), params=RebuildParams(epsilon=0.2))
+    assert plan.score_before.cost <= plan.budget * (1 + 1e-9)
+    for vn in plan.distrusted:
+        if len(tree.neighbours(vn)) <= 1:
+            assert len(plan.after.neighbours(vn)) <= 1, vn  # a leaf stays a leaf
+    # ... and no tree on the way makes a distrusted VN carry a pair it did not carry before.
+    assert raised_transit(tree, plan.moves, classes, plan.distrusted) == []
+    if plan.moves:
+        assert apply_moves(tree, plan.moves)[-1] == plan.after
+
+
 def test_a_distrusted_transit_vn_is_demoted_to_a_leaf_and_trust_rises() -> None:
     names = ["v0", "v1", "v2", "v3", "v4", "v5"]
     tree = line_tree(names)  # v2 and v3 carry everything from v0, v1 to v4, v5
@@ -201,14 +220,18 @@ def test_a_vn_below_the_detach_threshold_is_flagged_even_as_a_leaf() -> None:
 
 
 def test_when_no_tree_within_the_budget_makes_it_a_leaf_the_vn_is_flagged() -> None:
-    # Every VN but the hub's neighbours is distrusted: two distrusted VNs cannot both be
-    # leaves of a 3-VN tree whose third VN is distrusted too.
+    # All three VNs distrusted; a and c talk, so the line through b costs 5 against 3 for a
+    # tree where they are neighbours: over the budget, the tree must change, and whichever
+    # VN ends in the middle is raised into a transit position it did not have: flagged.
     names = ["a", "b", "c"]
     tree = line_tree(names)
     classes = {("a", frozenset({"c"})): 1.0}
     plan = plan_rebuild(tree, classes, dict.fromkeys(names, 0.3), CostModel())
-    assert len(plan.flagged) == 1
-    assert plan.score_after.violations == 1
+    assert plan.score_before.cost > plan.budget
+    (middle,) = (v for v in names if len(plan.after.neighbours(v)) == 2)
+    assert middle != "b"
+    assert plan.flagged == (middle,)
+    assert plan.score_after.violations == len(names) + 1  # a raise weighs n + 1
 
 
 # -- moves -----------------------------------------------------------------------------------
