@@ -230,7 +230,7 @@ def add_placement_parser(
 ) -> None:
     """``trellis placement plan``."""
     p = subparsers.add_parser("placement", help="plan replica placement for a local overlay")
-    sub = p.add_subparsers(dest="placement_command", required=True, metavar="COMMAND")
+    sub = p.add_subparsers(dest="placement_command", required=True, metavar="COMMAND", help="plan")
     plan = sub.add_parser(
         "plan", help="print the three-phase placement plan and its diff against the overlay"
     )

@@ -16,7 +16,10 @@ The window at w = 0 blames b0 heavily and would change all of that if it were re
 
 from __future__ import annotations
 
+import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,7 +30,7 @@ import pytest
 
 from broker.tools import cli
 from broker.tools.local import LocalOverlay
-from overlay.tree import line_tree
+from overlay.tree import Tree, line_tree
 
 TREE = line_tree(["b0", "b1", "b2"])
 REPLICAS = {"b1": 3}
@@ -164,3 +167,86 @@ def test_plan_errors_say_what_is_missing(
     code, _, err = plan(capsys, "--dir", str(overlay.workdir), "--config", str(unknown))
     assert code == 2
     assert "path b0 -> b9: no VN 'b9' in the tree" in err
+
+
+# -- end to end: a real overlay with an injected fault, the real job, the plan -------------
+
+CORRUPTER = "b1.1"
+
+
+async def two_classes(overlay: LocalOverlay, count: int) -> int:
+    from broker.client import Client
+
+    pub = Client(overlay.endpoints("b0"), client_id="pub")
+    at_b2 = Client(overlay.endpoints("b2"), client_id="sub2")
+    at_b3 = Client(overlay.endpoints("b3"), client_id="sub3")
+    async with (
+        pub,
+        at_b2,
+        at_b3,
+        at_b2.subscribe("class = 'q'") as via_b1,
+        at_b3.subscribe("class = 'r'") as direct,
+    ):
+        await pub.advertise("class = 'q'")
+        await pub.advertise("class = 'r'")
+        await asyncio.to_thread(overlay.wait_quiet)
+        for i in range(count):
+            await pub.publish({"class": "q", "i": i}, b"x" * 50)
+            await pub.publish({"class": "r", "i": i}, b"y" * 50)
+        got = 0
+        for _ in range(count):
+            await via_b1.get(15.0)
+            await direct.get(15.0)
+            got += 2
+        return got
+
+
+@pytest.mark.slow
+def test_plan_from_the_analytics_of_a_run_with_a_corrupting_replica_reinforces_its_vn(
+    run_overlay: Callable[..., LocalOverlay],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Tree b2 – b1 – b0 – b3; b1 has 3 replicas and b1.1 corrupts every payload it forwards.
+    Class q goes b0 → b1 → b2, class r b0 → b3. Only b0→b2 meets failures (γ = 1, b0→b3
+    γ = 0), and on it only b1's brokers fail, so the whole budget of 6 lands on b1: 3 → 6."""
+    pytest.importorskip("pyspark")
+    logs, out = tmp_path / "traffic", tmp_path / "out"
+    tree = Tree(["b0", "b1", "b2", "b3"], [("b0", "b1"), ("b1", "b2"), ("b0", "b3")])
+    overlay = run_overlay(
+        tree,
+        replicas={"b1": 3},
+        overrides={CORRUPTER: {"byzantine": "corrupt"}},
+        traffic_log={"dir": str(logs), "flush_interval": 0.2},
+        reconfig={"interval": 3600.0},
+    )
+    assert asyncio.run(two_classes(overlay, 20)) == 40
+    overlay.wait_quiet()
+    overlay.stop()  # a graceful stop writes every broker's last batch
+    done = subprocess.run(
+        [sys.executable, "-m", "broker", "analytics", "run", "--logs", str(logs), "--out",
+         str(out), "--window", "1e9", "--master", "local[2]", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    config = write_config(tmp_path / "p.toml", "[placement]\nbudget = 6\n")
+
+    code, text, err = plan(
+        capsys, "--dir", str(overlay.workdir), "--from", str(out), "--config", str(config), "--json"
+    )
+    assert code == 0, err
+    report = json.loads(text)
+    paths = {tuple(p["path"]): p for p in report["plan"]["paths"]}
+    assert set(paths) == {("b0", "b2"), ("b0", "b3")}
+    assert paths[("b0", "b2")]["gamma"] == 1.0
+    assert paths[("b0", "b3")]["gamma"] == 0.0
+    assert report["plan"]["placed"] == {"b0": 0, "b1": 6, "b2": 0, "b3": 0}
+    assert [(d["vn"], d["action"], d["delta"]) for d in report["diff"]] == [
+        ("b0", "keep", 0),
+        ("b1", "attach", 3),
+        ("b2", "keep", 0),
+        ("b3", "keep", 0),
+    ]
