@@ -49,7 +49,7 @@ __all__ = ["ALTERED", "FLOODING", "TWO_VERSIONS", "Blame", "ReplicatedStream"]
 S = TypeVar("S", bound=Hashable)
 T = TypeVar("T")
 
-_RECENT = 1024
+_RECENT = 4096
 _ABANDONED = -1  # hash() never returns -1
 
 
@@ -123,7 +123,7 @@ class ReplicatedStream(Generic[S, T]):
         self._flooding: set[S] = set()
         # The last _RECENT decided sequences, by seq % _RECENT, with the hash of the released
         # content (_ABANDONED: none), to blame late copies: a copy whose hash differs differs
-        # in content, so blaming on it is sound (16 KiB per stream).
+        # in content, so blaming on it is sound (64 KiB per stream).
         self._decided_seq = array("q", [-1]) * _RECENT
         self._decided_hash = array("q", [_ABANDONED]) * _RECENT
 

@@ -494,6 +494,7 @@ class Broker:
             "forwarded": sum(s.forwarded.values()),
             "published": s.publications_in,
             "delivered": s.deliveries,
+            "copies_in": s.forwards_in,
         }
 
     @property

@@ -50,7 +50,11 @@ Routed = tuple[Hop, str, int, Mapping[str, Value], bytes, SecBlock | None]
 
 
 def _altered(payload: bytes) -> bytes:
-    return bytes(b ^ 0x5A for b in payload)
+    """``payload`` with every byte XORed with 0x5A."""
+    n = len(payload)
+    return (int.from_bytes(payload, "little") ^ int.from_bytes(b"\x5a" * n, "little")).to_bytes(
+        n, "little"
+    )
 
 
 class _DroppingForwarder(Forwarder):

@@ -132,7 +132,9 @@ async def _traffic(overlay: LocalOverlay, names: list[str], count: int, rng: ran
                         received[name].append(await sub.get(0.3))
                     except (TrellisError, StopAsyncIteration):
                         break
-            health = await asyncio.to_thread(overlay.health)
+            # Copies from a lagging (here: corrupting) replica still arrive after every
+            # delivery: the counts are read once every broker's counters stopped moving.
+            health = await asyncio.to_thread(overlay.wait_quiet)
             metrics = {b: await asyncio.to_thread(overlay.metrics, b) for b in overlay.brokers}
         await _await_trailing_shares(clients, received)
         culprits = set().union(*(c.share_culprits() for c in clients))

@@ -224,7 +224,7 @@ def test_faults_must_not_be_negative() -> None:
 
 def test_an_altered_copy_arriving_hundreds_of_publications_late_is_still_blamed() -> None:
     stream = ReplicatedStream[str, bytes](1)
-    for seq in range(1, 601):
+    for seq in range(1, 3001):
         stream.offer("a", seq, b"good", b"good")
         stream.offer("b", seq, b"good", b"good")
     stream.offer("bad", 1, b"good", b"good")
