@@ -129,6 +129,12 @@ class BrokerConfig(BaseModel):
         description="an upstream replica that sent no copy this long after its VN agreed on "
         "a publication is blamed as silent",
     )
+    routing_wave_timeout: float = Field(
+        3.0,
+        gt=0,
+        description="seconds a broker waits for a neighbour to confirm that routing state "
+        "is in force before acknowledging an ADVERTISE or SUBSCRIBE without it",
+    )
     hello_timeout: float = Field(5.0, gt=0, description="seconds a new connection has to HELLO")
     heartbeat_interval: float = Field(
         10.0, gt=0, description="seconds between PINGs; a peer silent for 3 intervals is closed"

@@ -42,6 +42,7 @@ from broker.daemon.links import LinkStates, load_saved_links, save_links
 from broker.daemon.reconfig_agent import Tables
 from broker.daemon.reconfig_faults import reconfig_agent
 from broker.daemon.stats import BrokerStats
+from broker.daemon.waves import RoutingWaves
 from broker.language.filters import Filter
 from broker.routing.router import Owned, Router
 from broker.wire.protocol import (
@@ -62,6 +63,7 @@ from broker.wire.protocol import (
     Role,
     Share,
     Subscribe,
+    Sync,
     Unadvertise,
     Unsubscribe,
     Welcome,
@@ -252,7 +254,7 @@ class Connection(asyncio.Protocol):
         match msg:
             case Subscribe(rid, sub_id, flt):
                 broker.execute(router.subscribe(self, sub_id, flt))
-                self.ack(rid)
+                self.ack_in_force(rid)
             case Unsubscribe(rid, sub_id):
                 if router.knows_subscription(self, sub_id):
                     broker.execute(router.unsubscribe(self, sub_id))
@@ -261,7 +263,7 @@ class Connection(asyncio.Protocol):
                     self.reject(rid, InvalidRequest(f"UNSUBSCRIBE: no subscription '{sub_id}'"))
             case Advertise(rid, adv_id, flt):
                 broker.execute(router.advertise(self, adv_id, flt))
-                self.ack(rid)
+                self.ack_in_force(rid)
             case Unadvertise(rid, adv_id):
                 if router.knows_advertisement(self, adv_id):
                     broker.execute(router.unadvertise(self, adv_id))
@@ -319,6 +321,10 @@ class Connection(asyncio.Protocol):
             case Unsubscribe(_, key):
                 known = router.knows_subscription(hop, key)
                 self.vote_to_remove(hop, "sub", key, known, router.unsubscribe)
+            case Sync(token, False):
+                broker.waves.asked(self, hop.peer_id, token)
+            case Sync(token, True):
+                broker.waves.answered(self, token)
             case LinkState():
                 broker.linkstate_received(self, msg)
             case Reconf(op, data):
@@ -373,6 +379,12 @@ class Connection(asyncio.Protocol):
         if rid:
             self.send(Ack(rid))
 
+    def ack_in_force(self, rid: int) -> None:
+        """Acknowledge a routing request once the routing state it caused is in force
+        across the overlay (:mod:`broker.daemon.waves`)."""
+        if rid:
+            self.broker.waves.start(lambda: None if self.closing else self.ack(rid))
+
     def reject(self, rid: int, exc: TrellisError) -> None:
         """Refuse one request but keep the connection: the frame itself was valid."""
         self.broker.stats.requests_rejected += 1
@@ -402,6 +414,7 @@ class Broker:
         self.vnhops: dict[str, VNHop] = {}
         for n in self.neighbours.values():
             self.vnhop_for(n)
+        self.waves = RoutingWaves(self.vnhops, self.flush, config.routing_wave_timeout)
         # VNs linked for a reconfiguration in progress, not yet part of routing.
         self.standby_vns: set[str] = set()
         self.dialers: dict[str, asyncio.Task[None]] = {}
@@ -744,6 +757,8 @@ class Broker:
             elif not conn.is_broker and self.clients.get(conn.peer_id) is conn:
                 del self.clients[conn.peer_id]
         hop = conn.vnhop
+        if hop is not None:
+            self.waves.lost(conn)
         if hop is None:
             self.execute(self.router.remove_hop(conn))
         elif hop.members.get(conn.peer_id or "") is conn:

@@ -79,6 +79,7 @@ class MsgType(IntEnum):
     LINKSTATE = 15
     SHARE = 16
     RECONF = 17
+    SYNC = 18
 
 
 _DELIVER = int(MsgType.DELIVER)
@@ -203,6 +204,15 @@ class Reconf:
 
 
 @dataclass(slots=True)
+class Sync:
+    """A routing-state wave between brokers (``done`` False: "settle your side, then tell
+    me"; True: "everything I and those beyond me owed you was sent before this")."""
+
+    token: int
+    done: bool
+
+
+@dataclass(slots=True)
 class LinkState:
     broker_id: str
     vn: str
@@ -228,6 +238,7 @@ Message = (
     | LinkState
     | Share
     | Reconf
+    | Sync
 )
 
 
@@ -285,6 +296,8 @@ def to_wire(msg: Message) -> list[Any]:
             return [MsgType.LINKSTATE, broker_id, vn, version, neighbours]
         case Reconf(op, data):
             return [MsgType.RECONF, op, data]
+        case Sync(token, done):
+            return [MsgType.SYNC, token, done]
     raise TypeError(f"not a protocol message: {msg!r}")
 
 
@@ -424,6 +437,7 @@ _LAYOUTS: dict[MsgType, tuple[str, ...]] = {
     MsgType.LINKSTATE: ("broker_id", "vn", "version", "neighbours"),
     MsgType.SHARE: ("publisher", "seq", "record"),
     MsgType.RECONF: ("op", "data"),
+    MsgType.SYNC: ("token", "done"),
 }
 
 
@@ -578,6 +592,13 @@ def _build_pong(name: str, raw: list[Any]) -> Pong:
     return Pong(_uint(name, "token", raw[1]))
 
 
+def _build_sync(name: str, raw: list[Any]) -> Sync:
+    done = raw[2]
+    if type(done) is not bool:
+        raise InvalidRequest(f"{name} field 'done' must be a boolean, got {_kind(done)}")
+    return Sync(_uint(name, "token", raw[1]), done)
+
+
 def _build_notice(name: str, raw: list[Any]) -> Notice:
     kind = raw[1]
     if type(kind) is not str:
@@ -690,6 +711,7 @@ _BUILDERS: dict[MsgType, _Builder] = {
     MsgType.LINKSTATE: _build_linkstate,
     MsgType.SHARE: _build_share,
     MsgType.RECONF: _build_reconf,
+    MsgType.SYNC: _build_sync,
 }
 
 

@@ -1,0 +1,82 @@
+"""Routing state is in force when ``advertise()`` and ``subscribe()`` return (issue 15).
+
+A publication published after ``advertise()`` returned reaches every subscriber whose
+``subscribe()`` returned before it, however far away: the acknowledgement comes back only
+after the routing wave the request caused has been applied along the tree
+(:mod:`broker.daemon.waves`). Before, ``trellis pub --count 5`` at one end of a 5-broker line
+often lost its first publications: they overtook the subscription still travelling back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from broker.client import Client
+from broker.tools.local import LocalOverlay
+from overlay.tree import broker_names, line_tree
+from tests.support import drain, trellis
+
+pytestmark = pytest.mark.slow
+
+LINES = [(5, 1), (9, 1), (15, 1), (3, 3), (5, 3)]
+"""(VNs in the line, replicas per VN): 5, 9, 15, 9 and 15 brokers."""
+
+
+@pytest.fixture
+def line(run_overlay: Callable[..., LocalOverlay]) -> Callable[[int, int], LocalOverlay]:
+    def _run(vns: int, replicas: int) -> LocalOverlay:
+        names = broker_names(vns)
+        return run_overlay(line_tree(names), replicas=dict.fromkeys(names, replicas))
+
+    return _run
+
+
+@pytest.mark.parametrize(("vns", "replicas"), LINES, ids=[f"{v}x{r}" for v, r in LINES])
+async def test_cli_pub_right_after_connecting_loses_none_of_its_first_publications(
+    line: Callable[[int, int], LocalOverlay], vns: int, replicas: int
+) -> None:
+    overlay = line(vns, replicas)
+    names = sorted(overlay.tree.brokers)
+    first = ",".join(overlay.endpoints(names[0]))
+    for round_ in range(3):
+        flt = f"class = 'fresh' and round = {round_}"
+        async with Client(overlay.endpoints(names[-1])) as sc, sc.subscribe(flt) as sub:
+            done = await asyncio.to_thread(
+                trellis,
+                "pub",
+                "--endpoint",
+                first,
+                "--count",
+                "5",
+                "--no-ack",
+                "--attrs",
+                f"class='fresh',round={round_}",
+            )
+            assert done.returncode == 0, done.stderr
+            got = await drain(sub, idle=1.5)
+        assert [m.seq for m in got] == [1, 2, 3, 4, 5], f"round {round_}"
+
+
+@pytest.mark.parametrize(("vns", "replicas"), [(9, 1), (5, 3)], ids=["9x1", "5x3"])
+async def test_a_publication_right_after_subscribe_returned_reaches_the_new_subscriber(
+    line: Callable[[int, int], LocalOverlay], vns: int, replicas: int
+) -> None:
+    overlay = line(vns, replicas)
+    names = sorted(overlay.tree.brokers)
+    async with Client(overlay.endpoints(names[0]), client_id="early") as pub:
+        await pub.advertise("class = 'late'")
+        await asyncio.to_thread(overlay.wait_quiet)
+        for round_ in range(3):
+            async with (
+                Client(overlay.endpoints(names[-1])) as sc,
+                sc.subscribe(f"class = 'late' and round = {round_}") as sub,
+            ):
+                seqs = [
+                    await pub.publish({"class": "late", "round": round_, "i": i}, ack=False)
+                    for i in range(5)
+                ]
+                got = await drain(sub, idle=1.5)
+            assert [m.seq for m in got] == seqs, f"round {round_}"
