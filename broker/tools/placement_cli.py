@@ -1,7 +1,8 @@
 """``trellis placement plan``: the replica placement of SPEC §4 for a local overlay.
 
 Reads the overlay ``trellis up`` started in ``--dir`` (``manifest.json``: the VN tree and which
-broker belongs to which VN; ``overlay.json``: the replicas each VN runs), the operator's
+broker belongs to which VN; ``overlay.json``: the replicas each VN runs; the brokers'
+``/healthz``: the VN tree as live reconfiguration left it, when they answer), the operator's
 ``[placement]`` section (``--config``) and, with ``--from``, the analytics job's outputs: the
 Parquet tables ``classes`` (the end-to-end paths, unless the config lists them),
 ``path_failures`` (γ) and ``broker_failures`` (each VN's failures, summed over its replicas),
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the handler imports these: `trellis broker` must not pay for them
     from overlay.placement import NodeFailures, PathKey, Plan, ReplicaChange
     from overlay.placement_config import PlacementConfig
+    from overlay.tree import Tree
 
 __all__ = ["Evidence", "add_placement_parser", "read_evidence", "read_table"]
 
@@ -111,6 +113,29 @@ def running_replicas(workdir: Path) -> tuple[dict[str, int], int]:
     return {str(vn): len(ids) for vn, ids in vns.items()}, len(running_brokers(workdir))
 
 
+def live_tree(workdir: Path, started: Tree) -> Tree | None:
+    """The VN tree the running brokers' links form now (live reconfiguration may have moved
+    links since ``started``), or None when no broker answers or the links are not a tree at
+    this moment (a reconfiguration round in flight)."""
+    from broker.tools.local import fetch_json, read_overlay, vn_links
+    from overlay.tree import TopologyError, Tree
+
+    info = read_overlay(workdir)
+    vn_of = {b: vn for vn, members in info.get("vns", {}).items() for b in members}
+    health = {}
+    for broker in info.get("brokers", []):
+        try:
+            health[broker["id"]] = fetch_json(broker["admin"] + "/healthz")
+        except (OSError, ValueError):
+            continue
+    if not health:
+        return None
+    try:
+        return Tree(started.brokers, vn_links(health, vn_of))
+    except TopologyError:
+        return None
+
+
 @dataclass
 class PlanReport:
     plan: Plan
@@ -119,12 +144,14 @@ class PlanReport:
     evidence: Evidence | None
     running: int
     workdir: Path
+    tree_source: str
 
     def to_dict(self) -> dict[str, Any]:
         ev = self.evidence
         return {
             "dir": str(self.workdir),
             "brokers_running": self.running,
+            "tree": self.tree_source,
             "windows": None if ev is None else ev.windows,
             "plan": self.plan.to_dict(),
             "diff": [c.to_dict() for c in self.changes],
@@ -148,6 +175,9 @@ def make_plan(workdir: Path, source: Path | None, config_path: Path | None) -> P
         manifest = Manifest.load(workdir / "manifest.json")
     except FileNotFoundError:
         raise OverlayError(f"no overlay in {workdir} (missing manifest.json)") from None
+    tree = live_tree(workdir, manifest.tree) if running else None
+    tree_source = "live links" if tree is not None else "as started"
+    tree = tree or manifest.tree
     evidence = None if source is None else read_evidence(source, config.windows)
     paths = config.path_keys()
     if paths is None:
@@ -161,7 +191,7 @@ def make_plan(workdir: Path, source: Path | None, config_path: Path | None) -> P
             raise ValueError(f"{source}: no demand classes in the windows read; nothing to place")
     budget = config.budget if config.budget is not None else sum(current.values())
     plan = place(
-        manifest.tree,
+        tree,
         paths,
         budget=budget,
         path_failures=None if evidence is None else evidence.path_failures,
@@ -172,7 +202,8 @@ def make_plan(workdir: Path, source: Path | None, config_path: Path | None) -> P
         max_per_path=config.max_per_path,
         once_per_node=config.once_per_node,
     )
-    return PlanReport(plan, diff(plan.replicas, current), config, evidence, running, workdir)
+    changes = diff(plan.replicas, current)
+    return PlanReport(plan, changes, config, evidence, running, workdir, tree_source)
 
 
 def format_report(report: PlanReport) -> str:
@@ -187,7 +218,7 @@ def format_report(report: PlanReport) -> str:
     lines = [
         f"placement plan for {report.workdir}: budget {plan.budget}"
         + (f", max {limit} per path" if limit is not None else "")
-        + f"{variant}; {source}",
+        + f"{variant}; {source}; VN tree: {report.tree_source}",
         "paths, by priority (ρ = hops × γ × ω):",
     ]
     for p in plan.paths:

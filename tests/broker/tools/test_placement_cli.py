@@ -100,6 +100,7 @@ def test_plan_puts_the_replicas_where_the_failures_were_and_diffs_the_running_ov
     report = json.loads(out)
     assert report["windows"] == [60.0]
     assert report["brokers_running"] == 5
+    assert report["tree"] == "live links"
     assert report["plan"]["replicas"] == {"b0": 1, "b1": 3, "b2": 4}
     assert [(d["vn"], d["action"], d["delta"]) for d in report["diff"]] == [
         ("b0", "keep", 0),
@@ -138,6 +139,7 @@ def test_paths_from_the_config_plan_a_stopped_overlay_as_last_started(
     # No failure data: the one path takes all 6, split evenly over b0, b1, b2.
     assert code == 0
     assert "(no broker runs now: as last started)" in out
+    assert "VN tree: as started" in out
     assert "b0: 1 → 2  attach 1" in out
     assert "b1: 3 → 2  detach 1" in out
 
