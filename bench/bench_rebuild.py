@@ -128,6 +128,12 @@ def timing(sizes: list[int], seeds: int) -> list[dict[str, Any]]:
         row["after_over_best_cost"] = statistics.median(
             r["cost_after"] / r["best_cost"] for r in runs
         )
+        # Medians hide the one run in three that keeps a distrusted VN in transit: count them.
+        row["runs"] = len(runs)
+        row["runs_with_transit_after"] = sum(r["transit_after"] > 0 for r in runs)
+        row["flagged_total"] = sum(r["flagged"] for r in runs)
+        row["trust_after_min"] = min(r["trust_after"] for r in runs)
+        row["seconds_max"] = max(r["seconds"] for r in runs)
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
