@@ -80,6 +80,8 @@ class TraceRing:
             route = log.define_route(key, source, targets)
             self.routes = log.routes  # the log may have started a fresh table
             record = log.route_defs[route]
+            if len(self.route_defs) > ROUTE_LIMIT:
+                self._old_defs, self.route_defs = self.route_defs, {}
         else:
             hops = list(targets)
             if len(self.routes) > ROUTE_LIMIT:
@@ -97,8 +99,6 @@ class TraceRing:
             )
             self.routes[key] = route
         self.route_defs[route] = record
-        if len(self.route_defs) > ROUTE_LIMIT:
-            self._old_defs, self.route_defs = self.route_defs, {}
         return route
 
     def dropped_pub(
