@@ -84,7 +84,7 @@ def load_trust_config(path: Path | None) -> TrustConfig:
 def add_trust_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``trellis trust show --from OUT [--config FILE] [--curve BROKER] [--json]``."""
     p = sub.add_parser("trust", help="brokers' trust from the analytics job's trust feedback")
-    verbs = p.add_subparsers(dest="verb", required=True)
+    verbs = p.add_subparsers(dest="verb", required=True, help="show: each broker's trust")
     show = verbs.add_parser("show", help="each broker's trust and what pulled it down")
     show.add_argument("--from", dest="source", required=True, help="analytics output (--out)")
     show.add_argument("--config", type=Path, help="TOML file with a [trust] section")
@@ -155,7 +155,13 @@ def add_rebuild_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     p.add_argument("--dir", required=True, help="the overlay's directory (trellis up --dir)")
     p.add_argument("--from", dest="source", required=True, help="analytics output (--out)")
-    p.add_argument("--epsilon", type=float, default=0.1, help="cost budget (1+E) x best cost found")
+    p.add_argument(
+        "--epsilon",
+        type=float,
+        default=0.1,
+        metavar="E",
+        help="cost budget: (1+E) x the best cost found (default: %(default)s)",
+    )
     p.add_argument("--config", type=Path, help="[trust] TOML file (default: DIR/trust.toml)")
     p.add_argument(
         "--dry-run",
