@@ -26,6 +26,8 @@ apt_install() {
 ldconfig -p | grep -q libgfshare || apt_install libgfshare2
 # A Java runtime: the analytics job (PySpark) starts a JVM.
 command -v java >/dev/null 2>&1 || apt_install openjdk-17-jre-headless
+# Headless Chromium: the admin page's system test drives the page in a real browser.
+command -v chromium >/dev/null 2>&1 || apt_install chromium
 if [ "$want_bench" = 1 ]; then
   { command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ]; } || apt_install mosquitto
   command -v mosquitto_pub >/dev/null 2>&1 || apt_install mosquitto-clients

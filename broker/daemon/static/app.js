@@ -121,8 +121,8 @@ function layout(vns, links) {
     }
   }
   const pos = new Map();
-  columns.forEach((col, d) => col.forEach((v, i) => pos.set(v, { x: 70 + d * 150, y: 60 + i * 110 })));
-  const width = Math.max(900, 140 + columns.length * 150);
+  columns.forEach((col, d) => col.forEach((v, i) => pos.set(v, { x: 80 + d * 200, y: 60 + i * 110 })));
+  const width = Math.max(900, 160 + columns.length * 200);
   const height = Math.max(360, 120 + Math.max(0, ...columns.map((c) => c.length)) * 110);
   return { pos, width, height };
 }
@@ -145,7 +145,8 @@ function draw(m) {
     const rate = prev && now > prev.at ? ((total - prev.total) * 1000) / (now - prev.at) : 0;
     previousTraffic.set(key, { total, at: now });
     svg.append(el("text", { class: "traffic", "data-link": key, "data-total": total,
-      x: (pa.x + pb.x) / 2 + 4, y: (pa.y + pb.y) / 2 - 6 }, `${total} (${rate.toFixed(0)}/s)`));
+      x: (pa.x + pb.x) / 2, y: (pa.y + pb.y) / 2 - 6, "text-anchor": "middle" },
+      `${total} (${rate.toFixed(0)}/s)`));
   }
   for (const [vn, members] of [...m.vns].sort()) {
     const p = pos.get(vn);
@@ -188,9 +189,8 @@ function drawRounds() {
   body.replaceChildren();
   for (const r of rounds) {
     const tr = html("tr", undefined, { "data-round": r.round, "data-outcome": r.outcome });
-    const after = r.after || r.new_links || r.links;
-    const hood = (r.neighbourhood || []).map((l) => l.join ? l.join("-") : l).join(" ")
-      + (after ? " → " + JSON.stringify(after) : "");
+    const links = (ls) => (ls || []).map((l) => (Array.isArray(l) ? l.join("-") : String(l))).join(" ");
+    const hood = links(r.neighbourhood) + (r.new_neighbourhood ? " → " + links(r.new_neighbourhood) : "");
     [r.round, new Date(r.time * 1000).toLocaleTimeString(), r.outcome, hood]
       .forEach((v) => tr.append(html("td", String(v))));
     body.append(tr);
