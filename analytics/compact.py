@@ -72,15 +72,27 @@ def table_of(path: Path) -> Any:
     """One log file (either version) as an Arrow table of flat records."""
     import pyarrow as pa
 
-    if path.suffix == LEGACY_SUFFIX:
-        return pa.Table.from_pylist(list(read_log(path)), schema=arrow_schema())
+    if path.suffix != LEGACY_SUFFIX:
+        try:
+            table = _columns(raw_records(path))
+        except (pa.ArrowException, TypeError, ValueError, KeyError, IndexError):
+            table = None
+        if table is not None:
+            return table
+    # Version 1, or a record out of layout: the careful reader decides what to keep, and a
+    # record whose fields have the wrong types is dropped like a torn line.
+    rows = list(read_log(path))
     try:
-        table = _columns(raw_records(path))
-    except (pa.ArrowException, TypeError, ValueError, KeyError, IndexError):
-        table = None
-    if table is None:  # a record out of layout: the careful reader decides what to keep
-        table = pa.Table.from_pylist(list(read_log(path)), schema=arrow_schema())
-    return table
+        return pa.Table.from_pylist(rows, schema=arrow_schema())
+    except (pa.ArrowException, TypeError, ValueError):
+        good = []
+        for row in rows:
+            try:
+                pa.Table.from_pylist([row], schema=arrow_schema())
+            except (pa.ArrowException, TypeError, ValueError):
+                continue
+            good.append(row)
+        return pa.Table.from_pylist(good, schema=arrow_schema())
 
 
 def _columns(records: list[Any]) -> Any | None:

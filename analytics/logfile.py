@@ -1,11 +1,13 @@
 """The traffic-log file format, version 2 (SPEC §7): framed msgpack records.
 
 A file is a sequence of frames; a frame is an 8-byte header (the body's length and CRC-32,
-both unsigned 32-bit little-endian) and a body, a msgpack array of records. Records are
-positional msgpack arrays whose first element is the kind; their layouts are the ``records``
-of ``analytics/traffic_log_schema.json``. The broker appends one frame per batch with one
-write, so a crash leaves at worst one torn last frame: a frame cut short or failing its CRC
-ends the file for every reader here.
+both unsigned 32-bit little-endian) and a body, a msgpack array of record fields. The fields
+of all frames, in order, are the records one after the other, each its kind then the fields
+of its kind's layout (the ``records`` of ``analytics/traffic_log_schema.json``, fixed
+lengths), so a reader finds every record from its kind. A record may span two frames of one
+write. The broker appends each batch with one write, so a crash leaves at worst one torn last
+frame: a frame cut short or failing its CRC ends the file for every reader here, and so does a
+record cut short or a field where a kind should be.
 
 Brokers write this rather than JSON Lines because packing a batch is one C call (msgpack),
 about a fifth of the CPU of formatting JSON in Python on the broker's hot path, and records
@@ -20,6 +22,7 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -50,18 +53,84 @@ def frames(data: bytes) -> Iterator[bytes]:
         at += size + length
 
 
-def raw_records(path: str | Path) -> list[Any]:
+WIDTHS: dict[str, int] = {
+    "meta": 7,
+    "route": 7,
+    "pub": 9,
+    "pubx": 13,
+    "copy": 7,
+    "sig": 7,
+    "share": 8,
+    "link": 3,
+}
+"""Fields per record of each kind, its kind included (the schema's ``records``)."""
+
+
+def split_records(items: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """The records in a flat sequence of fields; stops where no known kind starts one or the
+    last one is cut short."""
+    records: list[tuple[Any, ...]] = []
+    add = records.append
+    widths = WIDTHS
+    at, end = 0, len(items)
+    while at < end:
+        try:
+            width = widths[items[at]]
+        except (KeyError, TypeError):
+            break
+        if at + width > end:
+            break
+        add(tuple(items[at : at + width]))
+        at += width
+    return records
+
+
+def raw_records(path: str | Path) -> list[tuple[Any, ...]]:
     """Every positional record of a file, in order (tuples; torn tail skipped)."""
     data = Path(path).read_bytes()
-    records: list[Any] = []
+    items: list[Any] = []
     for body in frames(data):
         try:
             batch = msgpack.unpackb(body, use_list=False)
         except (ValueError, msgpack.UnpackException):
             break
-        if isinstance(batch, tuple):
-            records.extend(batch)
-    return records
+        if not isinstance(batch, tuple):
+            break
+        items.extend(batch)
+    return split_records(items)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _fits(value: Any, kind: str) -> bool:
+    """Whether a field's value has the schema type ``kind`` (or is null)."""
+    if value is None:
+        return True
+    if kind == "string":
+        return isinstance(value, str)
+    if kind in ("int", "long"):
+        return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
+    if kind == "double":
+        return _number(value)
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "array<string>":
+        return isinstance(value, list) and all(isinstance(x, str) for x in value)
+    return True  # nb: built by the reader itself
+
+
+@cache
+def _types() -> dict[str, str]:
+    from analytics.schema import field_types
+
+    return field_types()
+
+
+def _valid(record: dict[str, Any]) -> bool:
+    types = _types()
+    return all(_fits(value, types[name]) for name, value in record.items())
 
 
 def _strings(items: Iterable[Any] | None) -> list[str]:
@@ -69,13 +138,20 @@ def _strings(items: Iterable[Any] | None) -> list[str]:
 
 
 def read_file(path: str | Path) -> Iterator[dict[str, Any]]:
-    """The flat records (schema ``fields``, ``v`` = 2) of one version-2 file."""
+    """The flat records (schema ``fields``, ``v`` = 2) of one version-2 file; a record whose
+    fields do not have their schema types is skipped."""
+    for record in _read_file(path):
+        if _valid(record):
+            yield record
+
+
+def _read_file(path: str | Path) -> Iterator[dict[str, Any]]:
     ident: dict[str, Any] | None = None
     routes: dict[int, tuple[Any, ...]] = {}
     for rec in raw_records(path):
-        if not isinstance(rec, tuple) or not rec:
-            continue
         kind = rec[0]
+        if not _number(rec[1]) and kind != "route":
+            continue  # no time: not a record a writer made
         try:
             if kind == "meta":
                 _, t, b, vn, r, vs, nb = rec
@@ -162,10 +238,10 @@ class FileWriter:
     def __init__(self, path: str | Path, meta: dict[str, Any]) -> None:
         self.path = Path(path)
         self.handle = self.path.open("wb")
-        self.batch: list[tuple[Any, ...]] = []
+        self.batch: list[Any] = []
         self.routes: dict[tuple[Any, ...], int] = {}
         nb = [(n["id"], n["vn"], n["r"]) for n in meta.get("nb") or ()]
-        self.batch.append(("meta", meta["t"], meta["b"], meta["vn"], meta["r"], meta.get("vs"), nb))
+        self.batch.extend(("meta", meta["t"], meta["b"], meta["vn"], meta["r"], meta.get("vs"), nb))
 
     def add(self, rec: dict[str, Any]) -> None:
         """Queue one flat record (its identity fields are the file's)."""
@@ -182,8 +258,8 @@ class FileWriter:
             route = self.routes.get(hops)
             if route is None:
                 route = self.routes[hops] = len(self.routes)
-                self.batch.append(("route", route, *hops))
-            self.batch.append(
+                self.batch.extend(("route", route, *hops))
+            self.batch.extend(
                 (
                     "pub",
                     rec["t"],
@@ -197,11 +273,11 @@ class FileWriter:
                 )
             )
         elif kind in ("copy", "sig"):
-            self.batch.append(
+            self.batch.extend(
                 (kind, rec["t"], get("p"), get("s"), get("prev"), get("from"), get("dig"))
             )
         elif kind == "share":
-            self.batch.append(
+            self.batch.extend(
                 (
                     "share",
                     rec["t"],
@@ -214,7 +290,7 @@ class FileWriter:
                 )
             )
         elif kind == "link":
-            self.batch.append(("link", rec["t"], get("peer")))
+            self.batch.extend(("link", rec["t"], get("peer")))
         else:
             raise ValueError(f"unknown traffic-log record kind {kind!r}")
 
@@ -227,7 +303,7 @@ class FileWriter:
     def tear(self) -> None:
         """Flush, then write the first bytes of one more frame (a crash mid-write)."""
         self.flush()
-        self.handle.write(encode_frame([("link", 0.0, "x")])[:9])
+        self.handle.write(encode_frame(["link", 0.0, "x"])[:9])
 
     def close(self) -> None:
         """Flush and close."""

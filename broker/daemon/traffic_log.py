@@ -1,13 +1,16 @@
 """Traffic logs (SPEC §7): one record per publication a broker handles, written off the loop.
 
-The hot path appends a tuple of strings and numbers to a plain list (atomic under the GIL, no
-lock, no formatting); a ``pub`` names its hops by a route id, defined once per route
+The hot path hands ``append`` a tuple of strings and numbers, and ``append`` is a plain list's
+``extend``: the record's fields join one flat list (atomic under the GIL, no lock, no
+formatting, and no object kept per record: keeping a tuple per record cost the broker more
+CPU than packing them). A ``pub`` names its hops by a route id, defined once per route
 (:meth:`TrafficLog.define_route`). A writer thread wakes every ``flush_interval`` seconds,
 swaps the list for an empty one and packs what it took with msgpack, one C call per chunk,
 into frames of the version-2 format of :mod:`analytics.logfile` (layouts in
 ``analytics/traffic_log_schema.json``, which the job reads too), appended with one write and
-a flush. A crash therefore loses at most the records of the last interval; a write cut short
-leaves one torn last frame, which the readers skip.
+a flush. Readers find the records again from their kinds and fixed layouts. A crash
+therefore loses at most the records of the last interval; a write cut short leaves one torn
+last frame (and perhaps a cut record), which the readers skip.
 
 Files live in ``<dir>/<broker id>/traffic-<UTC start>.tlog``; a file is closed and a new one
 started after ``rotate_seconds`` or ``rotate_bytes``, and the oldest closed files are deleted
@@ -39,7 +42,7 @@ log = logging.getLogger("trellis.traffic")
 SCHEMA_FILE = "traffic_log_schema.json"
 SCHEMA_PACKAGE = "analytics"
 SUFFIX = ".tlog"
-FRAME_RECORDS = 8192  # records per frame: bounds how long one packb holds the GIL
+FRAME_ITEMS = 1 << 16  # fields per frame: bounds how long one packb holds the GIL
 
 # The record layouts this writer emits; checked against the schema file at start.
 WRITER_RECORDS: dict[str, tuple[str, ...]] = {
@@ -103,11 +106,11 @@ class TrafficLog:
         self.broker_id = config.id
         self.directory = directory / config.id
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._buffer: list[Record] = []
-        self.append: Callable[[Record], None] = self._buffer.append
+        self._buffer: list[Any] = []
+        self.append: Callable[[Record], None] = self._buffer.extend
         # The list the writer took last time and how much of it it wrote: an append that
         # fetched the old list's method just before the swap lands there (checked next time).
-        self._taken: tuple[list[Record], int] = ([], 0)
+        self._taken: tuple[list[Any], int] = ([], 0)
         # (source hop, *target hops) -> route id; id -> its route record. Loop thread only,
         # except that the writer copies ``route_defs`` into every new file.
         self.routes: dict[tuple[Any, ...], int] = {}
@@ -119,7 +122,7 @@ class TrafficLog:
         self._file: IO[bytes] | None = None
         self._opened = 0.0
         self._size = 0
-        self.records_written = 0
+        self.fields_written = 0
         self.files_deleted = 0
         self._stop = threading.Event()
         self._handler = _LinkDown(self)
@@ -188,7 +191,9 @@ class TrafficLog:
         path = self.directory / f"traffic-{stamp}{SUFFIX}"
         handle = path.open("ab")
         routes = [*list(self._old_defs.values()), *list(self.route_defs.values())]
-        head = [(*self._meta[:1], now, *self._meta[2:]), *routes]
+        head = [*self._meta[:1], now, *self._meta[2:]]
+        for route in routes:
+            head.extend(route)
         data = _frame(head)
         handle.write(data)
         handle.flush()
@@ -223,31 +228,32 @@ class TrafficLog:
             path.unlink(missing_ok=True)
             self.files_deleted += 1
 
-    def _write(self, records: list[Record]) -> None:
+    def _write(self, items: list[Any]) -> None:
+        """Append the records whose fields are ``items`` (whole records, in order)."""
         now = time.time()
         self._rotate_if_due(now)
-        if not records:
+        if not items:
             return
-        chunks = []
-        for at in range(0, len(records), FRAME_RECORDS):
-            try:
-                chunks.append(_frame(records[at : at + FRAME_RECORDS]))
-            except (ValueError, TypeError, OverflowError) as exc:
-                log.warning("traffic log: %d records skipped: %s", FRAME_RECORDS, exc)
+        # A record may span two frames of one write; a write holds whole records only.
+        chunks = range(0, len(items), FRAME_ITEMS)
+        try:
+            data = b"".join(_frame(items[at : at + FRAME_ITEMS]) for at in chunks)
+        except (ValueError, TypeError, OverflowError) as exc:  # e.g. an integer past 64 bits
+            log.warning("traffic log: a batch of %d fields skipped: %s", len(items), exc)
+            return
         handle = self._file or self._open(now)
-        data = b"".join(chunks)
         handle.write(data)
         handle.flush()
         self._size += len(data)
-        self.records_written += len(records)
+        self.fields_written += len(items)
 
     def flush(self) -> None:
         """Write everything appended so far (the writer thread does this every interval)."""
         taken, done = self._taken
         late = taken[done:]  # appended to the previous list during its swap: rare
-        fresh: list[Record] = []
+        fresh: list[Any] = []
         self._buffer, batch = fresh, self._buffer
-        self.append = fresh.append
+        self.append = fresh.extend
         self._taken = (batch, len(batch))
         self._write([*late, *batch] if late else batch)
 
@@ -281,9 +287,10 @@ def _str(text: object) -> str | None:
     return None if text is None else str(text)
 
 
-def _frame(records: list[Record]) -> bytes:
-    """One frame of the version-2 format (see :mod:`analytics.logfile`)."""
-    body = msgpack.packb(records)
+def _frame(items: list[Any]) -> bytes:
+    """One frame of the version-2 format (see :mod:`analytics.logfile`); an object msgpack
+    does not know is written as its text, so no record ever goes missing mid-stream."""
+    body = msgpack.packb(items, default=str)
     return len(body).to_bytes(4, "little") + zlib.crc32(body).to_bytes(4, "little") + body
 
 

@@ -110,7 +110,7 @@ def test_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
     tlog.close()
     (path,) = log_files(tmp_path)
     whole = path.read_bytes()
-    frame = encode_frame([("link", 1.0, "b0.1")])
+    frame = encode_frame(["link", 1.0, "b0.1"])
     for cut in range(1, len(frame)):
         path.write_bytes(whole + frame[:cut])
         assert [r.get("s") for r in read_records(tmp_path)] == [None, 1, 2]
@@ -120,7 +120,9 @@ def test_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
 def test_frames_read_back_whole_and_stop_at_any_damage(
     batches: list[list[int]], tail: bytes
 ) -> None:
-    data = b"".join(encode_frame([("link", float(x), str(x)) for x in b]) for b in batches)
+    data = b"".join(
+        encode_frame([f for x in b for f in ("link", float(x), str(x))]) for b in batches
+    )
     assert list(frames(data)) == [
         data[at + 8 : at + 8 + int.from_bytes(data[at : at + 4], "little")] for at in _offsets(data)
     ]
@@ -204,8 +206,9 @@ def test_the_job_s_compaction_equals_the_reader(tmp_path: Path) -> None:
     meta = {"t": 1.0, "b": "b1.0", "vn": "b1", "r": 0, "vs": 3, "nb": []}
     odd = FileWriter(tmp_path / "traffic-odd.tlog", meta)
     odd.add({"k": "copy", "t": 2.0, "p": "p", "s": 1, "prev": "b0", "from": "b0.1", "dig": 5})
-    odd.batch.append(("pub", "not a time", "p"))
-    odd.batch.append(("copy", 3.0, "p", 2, "b0", "b0.2", 6))
+    odd.batch.extend(("pub", "not a time", "p", 1, 0, None, 1, False, None))
+    odd.batch.extend(("copy", 3.0, "p", 2, "b0", 7, "six"))  # dig not a number
+    odd.batch.extend(("copy", 3.0, "p", 2, "b0", "b0.2", 6))
     odd.close()
     path = tmp_path / "traffic-odd.tlog"
     flat = list(read_log(path))
