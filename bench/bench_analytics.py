@@ -4,13 +4,18 @@ For each size, generated traffic logs (:mod:`analytics.generate`: 4 VNs × 3 rep
 dropping and one corrupting replica, late copies) are written once, then in the same run:
 
 * ``spark``: ``python -m analytics.job --master local[N]`` as a fresh process, timed from
-  spawn to exit: JVM start, JSON parsing and all six tables written as Parquet;
-* ``pandas`` and ``polars``: the same logs read in one process and the two group-by tables
-  that need no join across brokers' records beyond the publication's own (global traffic
-  classes and per-broker local views), written as Parquet. They do less than the job (no
-  failure or trust tables), so the ratio flatters them.
+  spawn to exit: JVM start, the logs compacted to Parquet (beside the JVM start), and all six
+  tables written as Parquet;
+* ``pandas`` and ``polars``: a fresh process each that reads the same logs into Arrow with
+  the job's own reader (:func:`analytics.compact.table_of`, one file at a time in one
+  process) and computes the two group-by tables that need no join across brokers' records
+  beyond the publication's own (global traffic classes and per-broker local views), written
+  as Parquet. They do less than the job (no failure or trust tables), so the ratio flatters
+  them.
 
-Goals: 10M records < 60 s on 2 cores for the job, linear growth. Usage::
+Each runs ``--repeat`` times (default 3, interleaved); the table shows medians, and the peak
+resident memory of the process tree (``ru_maxrss`` of the children: the largest process,
+for Spark the JVM). Goals: 10M records < 60 s on 2 cores for the job, linear growth. Usage::
 
     .venv/bin/python bench/bench_analytics.py --sizes 1e6,1e7 [--cores 2] [--keep DIR]
 """
@@ -21,7 +26,9 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from analytics.generate import generate  # noqa: E402
-from analytics.schema import field_types, log_files  # noqa: E402
+from analytics.schema import log_files  # noqa: E402
 
 RECORDS_PER_PUBLICATION = 19.0  # what generate() writes on average with its defaults
 WINDOW = 60.0
@@ -42,6 +49,11 @@ WINDOW = 60.0
 
 def make_logs(root: Path, records: int) -> int:
     return generate(root, int(records / RECORDS_PER_PUBLICATION), torn=False, rate=2000.0)
+
+
+def _child_rss_mib() -> float:
+    """The peak resident memory of the largest child waited for so far (MiB)."""
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
 
 def run_spark(logs: Path, out: Path, cores: int) -> dict[str, Any]:
@@ -71,15 +83,43 @@ def run_spark(logs: Path, out: Path, cores: int) -> dict[str, Any]:
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
     summary = json.loads(done.stdout)
-    return {"seconds": seconds, "job_seconds": summary["seconds"], "records": summary["records"]}
+    return {
+        "seconds": seconds,
+        "job_seconds": summary["seconds"],
+        "records": summary["records"],
+        "rss": _child_rss_mib(),
+    }
+
+
+def run_peer(peer: str, logs: Path, out: Path) -> dict[str, float]:
+    """One peer in a fresh process: its wall time and peak memory."""
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, __file__, "--peer", peer, "--logs", str(logs), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-2000:])
+    return {"seconds": time.monotonic() - started, "rss": _child_rss_mib()}
+
+
+def read_arrow(logs: Path) -> Any:
+    """The logs as one Arrow table, with the job's reader."""
+    import pyarrow as pa
+
+    from analytics.compact import table_of
+
+    return pa.concat_tables([table_of(p) for p in log_files(logs)])
 
 
 def run_pandas(logs: Path, out: Path) -> float:
     import pandas as pd
 
     started = time.monotonic()
-    frames = [pd.read_json(p, lines=True) for p in log_files(logs)]
-    df = pd.concat(frames, ignore_index=True)
+    df = read_arrow(logs).to_pandas()
     pubs = df[df["k"] == "pub"]
     has_local = pubs["loc"].map(len) + pubs["drop"].map(len) > 0
     t0 = pubs.groupby(["p", "s"])["t"].min().rename("t0")
@@ -112,18 +152,9 @@ def run_pandas(logs: Path, out: Path) -> float:
 def run_polars(logs: Path, out: Path) -> float:
     import polars as pl
 
-    simple = {
-        "int": pl.Int64,
-        "long": pl.Int64,
-        "double": pl.Float64,
-        "string": pl.String,
-        "boolean": pl.Boolean,
-        "array<string>": pl.List(pl.String),
-    }
-    nb = pl.List(pl.Struct({"id": pl.String, "vn": pl.String, "r": pl.Int64}))
-    schema = {name: simple.get(kind, nb) for name, kind in field_types().items()}
     started = time.monotonic()
-    df = pl.concat([pl.read_ndjson(p, schema=schema) for p in log_files(logs)])
+    df = pl.from_arrow(read_arrow(logs))
+    assert isinstance(df, pl.DataFrame)
     pubs = df.filter(pl.col("k") == "pub")
     info = pubs.group_by("p", "s").agg(
         pl.col("t").min().alias("t0"),
@@ -163,8 +194,15 @@ def main() -> int:
     parser.add_argument("--sizes", default="1e6,1e7", help="records per run, comma-separated")
     parser.add_argument("--cores", type=int, default=2, help="Spark local[N]")
     parser.add_argument("--peers", default="pandas,polars", help="peers to run ('' for none)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each (medians shown)")
     parser.add_argument("--keep", help="keep generated logs here (reused when present)")
+    parser.add_argument("--peer", help=argparse.SUPPRESS)  # internal: run one peer
+    parser.add_argument("--logs", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.peer:
+        {"pandas": run_pandas, "polars": run_polars}[args.peer](Path(args.logs), Path(args.out))
+        return 0
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-analytics-"))
     peers = [p for p in args.peers.split(",") if p]
     rows = []
@@ -178,47 +216,56 @@ def main() -> int:
                     f"generated {made:,} records in {time.monotonic() - started:.1f} s", flush=True
                 )
             mib = sum(p.stat().st_size for p in log_files(logs)) / 2**20
-            spark = run_spark(logs, out / "spark", args.cores)
-            row = {
-                "records": spark["records"],
-                "mib": mib,
-                "spark": spark["seconds"],
-                "spark_in_job": spark["job_seconds"],
-            }
-            print(
-                f"{spark['records']:,} records ({mib:,.0f} MiB): spark {spark['seconds']:.1f} s "
-                f"(job {spark['job_seconds']:.1f} s)",
-                flush=True,
-            )
-            if "pandas" in peers:
-                row["pandas"] = run_pandas(logs, out / "pandas")
-                print(f"  pandas {row['pandas']:.1f} s", flush=True)
-            if "polars" in peers:
-                row["polars"] = run_polars(logs, out / "polars")
-                print(f"  polars {row['polars']:.1f} s", flush=True)
+            runs: dict[str, list[dict[str, Any]]] = {"spark": [], **{p: [] for p in peers}}
+            records = 0
+            for rep in range(args.repeat):
+                spark = run_spark(logs, out / "spark", args.cores)
+                records = spark["records"]
+                runs["spark"].append(spark)
+                print(
+                    f"[{rep + 1}/{args.repeat}] {records:,} records ({mib:,.0f} MiB): spark "
+                    f"{spark['seconds']:.1f} s (in the job {spark['job_seconds']:.1f} s, "
+                    f"load {os.getloadavg()[0]:.1f})",
+                    flush=True,
+                )
+                for peer in peers:
+                    got = run_peer(peer, logs, out / peer)
+                    runs[peer].append(got)
+                    print(f"  {peer} {got['seconds']:.1f} s", flush=True)
+                shutil.rmtree(out, ignore_errors=True)
+            row: dict[str, Any] = {"records": records, "mib": mib}
+            for name, results in runs.items():
+                if results:
+                    row[name] = statistics.median(r["seconds"] for r in results)
+                    row[f"{name}_range"] = (
+                        min(r["seconds"] for r in results),
+                        max(r["seconds"] for r in results),
+                    )
+                    row[f"{name}_rss"] = max(r["rss"] for r in results)
             rows.append(row)
-            shutil.rmtree(out, ignore_errors=True)
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
     print()
     print(
-        f"{datetime.now(UTC):%Y-%m-%d}, {platform.machine()}, {os.cpu_count()} cores, "
-        f"Spark local[{args.cores}]"
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()}, {os.cpu_count()} cores, "
+        f"Spark local[{args.cores}], medians of {args.repeat}, load {os.getloadavg()[0]:.1f}"
     )
     print(
-        "| records | MiB | Spark end to end (s) | µs/record | pandas (s) | polars (s) "
-        "| Spark/pandas | Spark/polars |"
+        "| records | MiB | Spark end to end (s), median (min–max) | µs/record | Spark peak MiB "
+        "| pandas (s) | polars (s) | Spark/pandas | Spark/polars |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         spark_s = r["spark"]
+        low, high = r["spark_range"]
         pd_s, pl_s = r.get("pandas"), r.get("polars")
         cells = [
             f"{r['records']:,}",
             f"{r['mib']:,.0f}",
-            f"{spark_s:.1f}",
+            f"{spark_s:.1f} ({low:.1f}–{high:.1f})",
             f"{spark_s / r['records'] * 1e6:.2f}",
+            f"{r['spark_rss']:,.0f}",
             "—" if pd_s is None else f"{pd_s:.1f}",
             "—" if pl_s is None else f"{pl_s:.1f}",
             "—" if pd_s is None else f"{spark_s / pd_s:.1f}×",

@@ -46,6 +46,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import importlib.metadata
+import json
 import os
 import platform
 import shlex
@@ -56,8 +57,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar, Protocol
 
@@ -769,6 +770,7 @@ def tables(summary: dict[tuple[str, str], Summary]) -> str:
                 f"| {scenario} | {peer} | {cpu_ratio:.2f}× | {_goal('≤', cpu_goal, cpu_ratio)} "
                 f"| {rate_ratio:.2f}× | {_goal('≥', rate_goal, rate_ratio)} |"
             )
+    lines += logging_table(summary)
     return "\n".join(lines)
 
 
@@ -823,6 +825,64 @@ def trellis_importable() -> str | None:
     return None if probe.returncode == 0 else probe.stderr.strip().splitlines()[-1]
 
 
+# The cost of traffic logging (issue 12): Trellis run again with its traffic log on.
+LOGGED = "trellis+log"
+LOG_GOAL = 0.10  # at most 10% more broker CPU per delivery
+
+
+def _runs(systems: Sequence[str], traffic_log: str, scratch: Path) -> list[tuple[str, Path | None]]:
+    """(system, traffic-log directory or None) in the order to measure them: with
+    ``compare``, Trellis off then on back to back, so drifts of a shared machine hit both."""
+    runs: list[tuple[str, Path | None]] = []
+    for system in systems:
+        runs.append((system, None))
+        if system == "trellis" and traffic_log == "compare":
+            runs.append((system, scratch / "traffic"))
+    return runs
+
+
+@contextlib.contextmanager
+def _traffic_log(directory: Path | None) -> Iterator[None]:
+    """Brokers started inside log their traffic under ``directory`` (None: logging off)."""
+    saved = os.environ.get("TRELLIS_TRAFFIC_LOG")
+    value = "off" if directory is None else json.dumps({"dir": str(directory)})
+    os.environ["TRELLIS_TRAFFIC_LOG"] = value
+    try:
+        yield
+    finally:
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+        if saved is None:
+            os.environ.pop("TRELLIS_TRAFFIC_LOG", None)
+        else:
+            os.environ["TRELLIS_TRAFFIC_LOG"] = saved
+
+
+def logging_table(summary: dict[tuple[str, str], Summary]) -> list[str]:
+    """Logging on vs off per scenario (empty without ``--traffic-log compare`` runs)."""
+    lines = []
+    for scenario in SCENARIOS:
+        off, on = summary.get(("trellis", scenario)), summary.get((LOGGED, scenario))
+        if off is None or on is None:
+            continue
+        cpu = on.broker_us / off.broker_us - 1
+        rate = on.rate / off.rate - 1 if off.rate else float("nan")
+        met = "met" if cpu <= LOG_GOAL else "NOT met"
+        lines.append(
+            f"| {scenario} | {off.broker_us:.2f} → {on.broker_us:.2f} | {cpu:+.0%} "
+            f"| {off.rate:,.0f} → {on.rate:,.0f} | {rate:+.0%} | ≤ +{LOG_GOAL:.0%} CPU ({met}) |"
+        )
+    if not lines:
+        return []
+    return [
+        "",
+        "| scenario | broker CPU µs/delivery, logging off → on (medians) | change "
+        "| delivered msg/s off → on | change | goal |",
+        "|---|---|---|---|---|---|",
+        *lines,
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one repeat instead of three")
@@ -834,6 +894,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--write", action="store_true", help="append a dated section to bench/RESULTS-broker.md"
     )
     parser.add_argument("--label", default="", help="heading text for --write")
+    parser.add_argument(
+        "--traffic-log",
+        choices=("off", "compare"),
+        default="off",
+        help="compare: run Trellis with traffic logging off, then on (as 'trellis+log')",
+    )
     args = parser.parse_args(argv)
     repeat = args.repeat or (1 if args.quick else 3)
     systems = [s for s in args.systems.split(",") if s]
@@ -859,16 +925,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         for rep in range(repeat):
             for scenario in scenarios:
                 n_subs = SCENARIOS[scenario]
-                for system in systems:
+                for system, traffic in _runs(systems, args.traffic_log, scratch):
                     count = max(1, int(COUNTS[system, n_subs] * args.scale))
                     try:
-                        r = measure(system, scenario, n_subs, count, scratch)
+                        with _traffic_log(traffic):
+                            r = measure(system, scenario, n_subs, count, scratch)
                     except Exception as exc:
                         print(f"[{rep + 1}/{repeat}] {system} {scenario}: FAILED: {exc!r}")
                         continue
+                    if traffic is not None:
+                        r = replace(r, system=LOGGED)
                     results.append(r)
                     print(
-                        f"[{rep + 1}/{repeat}] {system:9} {scenario:5} {r.deliveries:>7}/"
+                        f"[{rep + 1}/{repeat}] {r.system:9} {scenario:5} {r.deliveries:>7}/"
                         f"{r.expected:<7} in {r.seconds:6.3f} s  {r.rate:>9,.0f} msg/s  "
                         f"broker {r.broker_us:7.2f} µs/dlv  pub {r.pub_us:6.1f} µs/msg  "
                         f"subs {r.sub_us:6.1f} µs/dlv {r.note}",
