@@ -932,13 +932,12 @@ def moves_between(
     by re-hanging its other neighbours onto one trusted neighbour (moves at the distrusted
     VN itself, which never make it carry more). With ``pairs`` (traffic partners) too, the
     remaining swaps and the order of each swap's two slides are chosen greedily so that the
-    trees on the way make a VN of ``avoid`` carry as few partner pairs it did not carry in
-    ``before`` as possible (up to 40 VNs; above, the first valid order).
+    trees on the way make a VN of ``avoid`` carry as few partner pairs it did not carry once
+    demoted as possible (up to 40 VNs; above, the first valid order).
     """
     avoid_set = frozenset(avoid)
     pair_list = list(pairs)
     careful = bool(avoid_set and pair_list) and len(before.brokers) <= _CAREFUL_MOVES_UP_TO
-    baseline = _carried(before, pair_list, avoid_set) if careful else set()
     current = before
     moves: list[Move] = []
     # First demote each distrusted VN that ends as a leaf: at master d, re-hang every other
@@ -955,6 +954,8 @@ def moves_between(
             step = Move(master=d, vn=y, via=keep)
             current = current.swap(step.remove, step.add)
             moves.append(step)
+    # What distrusted VNs carry once demoted is the bar: the rest should not add to it.
+    baseline = _carried(current, pair_list, avoid_set) if careful else set()
     while current.links != after.links:
         pending = current.links - after.links
         options: list[tuple[Link, Link]] = []
