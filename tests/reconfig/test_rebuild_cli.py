@@ -4,6 +4,7 @@ job writes them (Parquet tables with the reference's columns, summary.json)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,8 @@ import pytest
 
 from analytics.reference import TABLES
 from broker.tools.cli import main
+from broker.tools.local import LocalOverlay
+from overlay.tree import star_tree
 
 pq = pytest.importorskip("pyarrow.parquet")
 pa = pytest.importorskip("pyarrow")
@@ -163,3 +166,23 @@ def test_rebuild_without_dry_run_says_live_application_is_not_built(
     work = overlay_dir(tmp_path)
     assert main(["rebuild", "--dir", str(work), "--from", str(outputs)]) == 2
     assert "not implemented" in capsys.readouterr().err
+
+
+def test_rebuild_plans_from_the_live_links_of_a_running_overlay(
+    outputs: Path,
+    run_overlay: Callable[..., LocalOverlay],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Real brokers (a star round v1); the plan starts from the links they report.
+    overlay = run_overlay(star_tree([f"v{i}" for i in range(6)], centre="v1"), name="live")
+    argv = ["rebuild", "--dir", str(overlay.workdir), "--from", str(outputs), "--dry-run"]
+    assert main([*argv, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["tree_from"] == "live links"
+    assert plan["distrusted"] == ["v2"]
+    assert plan["demoted"] == []  # v2 is already a leaf of the star: nothing to demote
+    assert plan["flagged"] == []
+    assert plan["before"]["violations"] == plan["after"]["violations"] == 0
+    overlay.stop()
+    assert main([*argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tree_from"].startswith("the tree it started as")
