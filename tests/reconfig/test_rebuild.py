@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -26,7 +27,7 @@ from reconfig.rebuild import (
     transit_vns,
     update_trust_state,
 )
-from security.trust import leximin_owa, path_trust
+from security.trust import TrustConfig, broker_trust, leximin_owa, path_trust, vn_trust
 
 TRUST_LEVELS = (1.0, 0.95, 0.9, 0.8, 0.6, 0.3)
 HEURISTIC = RebuildParams(exact_up_to=0)
@@ -401,3 +402,74 @@ def test_trust_outside_the_unit_interval_is_refused() -> None:
     tree, classes, _names = flapping_overlay()
     with pytest.raises(ValueError, match="outside"):
         plan_rebuild(tree, classes, {"v1": 1.5}, CostModel())
+
+
+# -- the loop on observed trust --------------------------------------------------------------
+
+
+def feedback_window(w: int, names: list[str], bad_vn: str | None) -> list[dict[str, object]]:
+    """One window of trust-feedback rows: every VN's replica judged on 100 copies and 100
+    shares; ``bad_vn``'s replica had 80 of its shares rejected."""
+    rows: list[dict[str, object]] = []
+    for vn in names:
+        bad = 80 if vn == bad_vn else 0
+        rows.append(
+            {
+                "w": float(w),
+                "evaluator": "v1.0" if vn == "v0" else "v0.0",
+                "broker": f"{vn}.0",
+                "broker_vn": vn,
+                "expected": 100,
+                "received": 100,
+                "conflicting": 0,
+                "bad_signatures": 0,
+                "timely": 100,
+                "shares_ok": 100 - bad,
+                "bad_shares": bad,
+                "failures": bad,
+                "events": 200,
+            }
+        )
+    return rows
+
+
+def run_cycles(faulty: Callable[[int], bool], cycles: int) -> list[tuple[float, bool, int]]:
+    """Cycles of: one more window of feedback, trust from all so far, one plan applied.
+
+    The operator's prior is 0.9 for every VN but v2, so a well-behaved v2 is the best hub.
+    """
+    tree, classes, names = flapping_overlay()
+    config = TrustConfig(priors={v: 0.9 for v in names if v != "v2"})
+    params = RebuildParams(epsilon=10.0)
+    state, rows = TrustState(), []
+    seen = []
+    for cycle in range(cycles):
+        rows += feedback_window(cycle, names, "v2" if faulty(cycle) else None)
+        trust = vn_trust(broker_trust(rows, config))
+        plan = plan_rebuild(tree, classes, trust, CostModel(), params=params, state=state)
+        seen.append((trust["v2"], "v2" in plan.distrusted, len(plan.moves)))
+        tree, state = plan.after, plan.state
+        assert plan.distrusted.isdisjoint(transit_vns(tree, classes))
+    return seen
+
+
+def test_a_vn_whose_faults_stop_regains_trust_and_its_hub_position_over_later_cycles() -> None:
+    seen = run_cycles(lambda cycle: cycle < 3, 12)
+    trust = [t for t, _d, _m in seen]
+    distrusted = [d for _t, d, _m in seen]
+    moved = [cycle for cycle, (_t, _d, m) in enumerate(seen) if m]
+    assert all(b > a for a, b in itertools.pairwise(trust[2:]))  # recovers every clean cycle
+    assert distrusted[:7] == [True] * 7  # faults, then probation
+    assert not any(distrusted[7:])
+    # Demoted at once; moved back into the best (hub) position once trusted and clearly
+    # better than the 0.9-trusted alternatives; otherwise still.
+    assert moved[0] == 0
+    assert len(moved) == 2
+    assert moved[1] > 7
+
+
+def test_a_fault_that_flaps_every_cycle_keeps_the_vn_distrusted_and_the_tree_still() -> None:
+    seen = run_cycles(lambda cycle: cycle % 2 == 0, 12)
+    assert all(d for _t, d, _m in seen)
+    assert max(t for t, _d, _m in seen) < 0.7  # never long enough above the bar
+    assert [m > 0 for _t, _d, m in seen] == [True] + [False] * 11
