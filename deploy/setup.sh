@@ -26,10 +26,11 @@ apt_install() {
 ldconfig -p | grep -q libgfshare || apt_install libgfshare2
 # A Java runtime: the analytics job (PySpark) starts a JVM.
 command -v java >/dev/null 2>&1 || apt_install openjdk-17-jre-headless
+# Mosquitto: the MQTT bridge's system test starts one on a free port.
+{ command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ]; } || apt_install mosquitto
 # Headless Chromium: the admin page's system test drives the page in a real browser.
 command -v chromium >/dev/null 2>&1 || apt_install chromium
 if [ "$want_bench" = 1 ]; then
-  { command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ]; } || apt_install mosquitto
   command -v mosquitto_pub >/dev/null 2>&1 || apt_install mosquitto-clients
   { command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ]; } || apt_install nats-server
 fi

@@ -787,6 +787,9 @@ def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
     from broker.tools.placement_cli import add_placement_parser
 
     add_placement_parser(sub)
+    from broker.tools.bridge import add_bridge_parser
+
+    add_bridge_parser(sub)
     return parser
 
 
