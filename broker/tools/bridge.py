@@ -381,6 +381,10 @@ class MqttBridge:
             item = await self._incoming.get()
             try:
                 await self._bridge_in(overlay, item)
+            except Exception:  # a bug must not stop the bridge: count it, go on
+                self.stats.errors["internal"] = self.stats.errors.get("internal", 0) + 1
+                log.exception("MQTT message on %r failed", item.topic)
+                self._ack(item)
             finally:
                 self._incoming.task_done()
 
@@ -432,11 +436,13 @@ class MqttBridge:
     # -- overlay -> MQTT ------------------------------------------------------------------
 
     async def _outbound_loop(self, rule: OutboundRule, sub: Subscription) -> None:
+        reported = 0
         while True:
             try:
                 msg = await sub.get()
             except SlowConsumerError as exc:
-                self.stats.dropped += exc.dropped
+                self.stats.dropped += exc.dropped - reported
+                reported = exc.dropped
                 self.stats.error("dropped", "%s (MQTT side too slow or away)", exc)
                 continue
             except StopAsyncIteration:
@@ -446,12 +452,16 @@ class MqttBridge:
             self.stats.from_overlay += 1
             try:
                 topic = outbound_topic(rule, msg.attrs)
+                await self._send(topic, msg)
             except Unmappable as exc:
                 self.stats.error(
                     "unmappable", "cannot map %s#%d to MQTT: %s", msg.publisher, msg.seq, exc
                 )
                 continue
-            await self._send(topic, msg)
+            except Exception:  # a bug must not stop the bridge: count it, go on
+                self.stats.errors["internal"] = self.stats.errors.get("internal", 0) + 1
+                log.exception("%s#%d to MQTT failed", msg.publisher, msg.seq)
+                continue
             self.stats.to_mqtt += 1
 
     async def _send(self, topic: str, msg: Delivery) -> None:
@@ -466,21 +476,27 @@ class MqttBridge:
             try:
                 # aiomqtt waits for a PUBACK until its timeout even when the connection
                 # is gone: the connection's end decides first.
-                await asyncio.wait({publish, gone}, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait({publish, gone}, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 gone.cancel()
                 if not publish.done():
                     publish.cancel()
-            try:
-                if not publish.cancelled():
+                    await asyncio.gather(publish, return_exceptions=True)
+            problem: object = "connection lost before its PUBACK"
+            if publish in done:
+                try:
                     publish.result()
                     return
-                problem: object = "connection lost before its PUBACK"
-            except ValueError as exc:  # paho: topic or payload unusable
-                self.stats.error("unmappable", "cannot publish %r to MQTT: %s", topic, exc)
-                return
-            except aiomqtt.MqttError as exc:
-                problem = exc
+                except ValueError as exc:  # paho: topic or payload unusable
+                    self.stats.error("unmappable", "cannot publish %r to MQTT: %s", topic, exc)
+                    return
+                except aiomqtt.MqttError as exc:
+                    problem = exc
+                    if not link.gone.is_set():
+                        # No PUBACK in time on a connection that looks open: replace it
+                        # rather than trust it (the new one resends).
+                        log.warning("MQTT publish on %r: %s; reconnecting", topic, exc)
+                        link.aborted.set()
             self.stats.mqtt_resent += 1
             log.info("MQTT publish on %r: %s; resending on the next connection", topic, problem)
             await self._replaced(link)
@@ -496,6 +512,9 @@ class _MqttLink:
         self.host = bridge.config.mqtt_host
         self.port = bridge.config.mqtt_port
         self.gone = asyncio.Event()
+        """Set once the connection is over."""
+        self.aborted = asyncio.Event()
+        """Set to close a connection that stopped answering."""
 
     async def __aenter__(self) -> _MqttLink:
         await self.client.__aenter__()
@@ -514,9 +533,23 @@ class _MqttLink:
             await self.client.subscribe(topic, options=options, timeout=10)
 
     async def closed(self) -> None:
-        """Return when the connection is gone (raises aiomqtt.MqttError then)."""
-        async for _ in self.client.messages:  # never yields: messages go to the bridge
-            pass
+        """Return when the connection is gone (raising aiomqtt.MqttError) or the bridge
+        gave up on it (:attr:`aborted`)."""
+
+        async def watch() -> None:
+            async for _ in self.client.messages:  # never yields: messages go to the bridge
+                pass
+
+        watching = asyncio.ensure_future(watch())
+        aborted = asyncio.ensure_future(self.aborted.wait())
+        try:
+            await asyncio.wait({watching, aborted}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (watching, aborted):
+                task.cancel()
+            await asyncio.gather(watching, aborted, return_exceptions=True)
+        if watching.done() and not watching.cancelled():
+            watching.result()
 
     def ack(self, mid: int, qos: int) -> None:
         self.client._client.ack(mid, qos)
