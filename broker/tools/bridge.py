@@ -579,6 +579,8 @@ def _make_link(bridge: MqttBridge, generation: int) -> _MqttLink:
 
     connect = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
     connect.SessionExpiryInterval = bridge.config.session_expiry
+    # Never more unacknowledged messages in flight to the bridge than its queue holds.
+    connect.ReceiveMaximum = max(1, min(bridge.config.queue_size, 65_535))
     client = Client(
         bridge.config.mqtt_host,
         bridge.config.mqtt_port,
