@@ -161,7 +161,7 @@ def parse_out(text: str) -> OutboundRule:
 
     Raises:
         InvalidRequest: no ``=``, an empty or wildcard template, or a filter that does not
-            parse (``FilterSyntaxError``) or can match nothing (``FilterError``).
+            parse or can match nothing (the message says why).
     """
     flt, eq, template = text.rpartition("=")
     flt = flt.strip()
@@ -176,7 +176,11 @@ def parse_out(text: str) -> OutboundRule:
             f"'+', '#' or stray braces"
         )
     names = tuple(dict.fromkeys(_PLACEHOLDER.findall(template)))
-    return OutboundRule(parse_filter(flt), flt, template, names)
+    try:
+        parsed = parse_filter(flt)
+    except InvalidRequest as exc:  # FilterError, FilterSyntaxError
+        raise InvalidRequest(f"--out {text!r}: filter {flt!r}: {exc}") from None
+    return OutboundRule(parsed, flt, template, names)
 
 
 def match_topic(rule: InboundRule, topic: str) -> dict[str, str] | None:
