@@ -695,14 +695,16 @@ class _Search:
         key = (-self.violations, self._social(self.individual), -ev.cost)
         best_key, best_links = key, start
         n = len(names)
-        iterations = self.params.iterations or max(40, 3 * n)
+        iterations = self.params.iterations or max(60, 3 * n)
+        # On a handful of VNs a long tenure forbids most of the few possible links.
+        tenure = min(self.params.tenure, max(1, n // 2))
         tabu: dict[tuple[int, int], int] = {}
         stall = 0
         restarts = _RESTARTS
         for it in range(iterations):
             if time.monotonic() > deadline:
                 break
-            if stall > max(20, n // 4):
+            if stall > max(10, n // 4):
                 if not restarts:
                     break
                 # Stuck in a basin: restart from the best tree, shaken by random swaps.
@@ -746,8 +748,8 @@ class _Search:
             adj[add[0]].add(add[1])
             adj[add[1]].add(add[0])
             self._set(adj)
-            tabu[add] = it + self.params.tenure
-            tabu[remove] = it + self.params.tenure
+            tabu[add] = it + tenure
+            tabu[remove] = it + tenure
             if key > best_key:
                 best_key, best_links = key, _links_of(names, adj)
                 stall = 0

@@ -7,7 +7,7 @@ import random
 from collections.abc import Callable
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from overlay.tree import Tree, broker_names, line_tree, random_tree, star_tree
@@ -132,6 +132,8 @@ def test_exhaustive_search_is_optimal_against_every_spanning_tree(
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(4, 6), st.integers(0, 10_000))
+@example(n=4, seed=7008)  # missed when a long tabu tenure and 40 iterations starved 4 VNs
+@example(n=6, seed=7136)
 def test_heuristic_search_finds_the_exhaustive_optimum_on_small_trees(n: int, seed: int) -> None:
     tree, classes, trust = problem(n, seed)
     model = CostModel()
