@@ -49,22 +49,13 @@ from broker.errors import (
     TrellisError,
     TrellisTimeout,
 )
-from broker.tools.mqtt_mapping import (
-    InboundRule,
-    OutboundRule,
-    Redeliveries,
-    Unmappable,
-    inbound_attrs,
-    outbound_topic,
-    parse_map,
-    parse_out,
-)
 
 if TYPE_CHECKING:
     import aiomqtt
     import paho.mqtt.client as paho
 
     from broker.client import Client, Delivery, Subscription
+    from broker.tools.mqtt_mapping import InboundRule, OutboundRule
 
 log = logging.getLogger("trellis.bridge")
 
@@ -120,8 +111,13 @@ class BridgeConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> BridgeConfig:
-        """Raises:
-        InvalidRequest: a missing or malformed setting, naming it (and the file)."""
+        """The configuration the command line (and its ``--config``) asks for.
+
+        Raises:
+            InvalidRequest: a missing or malformed setting, naming it (and the file).
+        """
+        from broker.tools.mqtt_mapping import parse_map, parse_out
+
         table: dict[str, Any] = {}
         where = "command line"
         if args.config:
@@ -220,11 +216,17 @@ class MqttBridge:
     """
 
     def __init__(self, config: BridgeConfig, stop: asyncio.Event) -> None:
+        # Imported here: ``trellis`` builds this command's parser for every command.
+        from broker.tools.mqtt_mapping import Redeliveries
+
         self.config = config
         self.stop = stop
         self.stats = BridgeStats()
         self._incoming: asyncio.Queue[_Incoming] = asyncio.Queue(config.queue_size)
         self._mqtt: _MqttLink | None = None
+        # Every connection by generation, from its creation until it is gone: messages
+        # can arrive before it is ready for publishing (queued on the session, retained).
+        self._links: dict[int, _MqttLink] = {}
         self._generation = 0
         self._changed = asyncio.Condition()
         self._copies = Redeliveries(config.window)
@@ -313,6 +315,7 @@ class MqttBridge:
         while True:
             self._generation += 1
             link = _make_link(self, self._generation)
+            self._links[link.generation] = link
             try:
                 async with link:
                     await link.setup()
@@ -328,6 +331,7 @@ class MqttBridge:
                 log.warning("MQTT %s:%d: %s", self.config.mqtt_host, self.config.mqtt_port, exc)
             finally:
                 link.gone.set()
+                del self._links[link.generation]
                 async with self._changed:
                     self._mqtt = None
                     self._changed.notify_all()
@@ -370,8 +374,10 @@ class MqttBridge:
             )
 
     def _ack(self, item: _Incoming) -> None:
-        link = self._mqtt
-        if item.qos and link is not None and link.generation == item.generation:
+        """PUBACK on the connection the message came on; once that one is gone, the MQTT
+        broker resends the message (DUP) on the next, where it is a recognised copy."""
+        link = self._links.get(item.generation)
+        if item.qos and link is not None:
             link.ack(item.mid, item.qos)
 
     # -- MQTT -> overlay ------------------------------------------------------------------
@@ -389,6 +395,8 @@ class MqttBridge:
                 self._incoming.task_done()
 
     async def _bridge_in(self, overlay: Client, item: _Incoming) -> None:
+        from broker.tools.mqtt_mapping import Unmappable, inbound_attrs
+
         if self._copies.is_copy(
             item.topic,
             item.payload,
@@ -436,6 +444,8 @@ class MqttBridge:
     # -- overlay -> MQTT ------------------------------------------------------------------
 
     async def _outbound_loop(self, rule: OutboundRule, sub: Subscription) -> None:
+        from broker.tools.mqtt_mapping import Unmappable, outbound_topic
+
         reported = 0
         while True:
             try:
