@@ -612,7 +612,9 @@ def _make_link(bridge: MqttBridge, generation: int) -> _MqttLink:
 def add_bridge_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``trellis bridge mqtt ...``."""
     bridge = subparsers.add_parser("bridge", help="bridge the overlay to another system (MQTT)")
-    kinds = bridge.add_subparsers(dest="bridge_kind", required=True, metavar="KIND")
+    kinds = bridge.add_subparsers(
+        dest="bridge_kind", required=True, metavar="KIND", help="the system to bridge: mqtt"
+    )
     p = kinds.add_parser("mqtt", help="MQTT topics <-> overlay publications (see README)")
     p.add_argument("--config", help="TOML file with a [bridge.mqtt] table (default: none)")
     p.add_argument("--mqtt", help="the MQTT broker, mqtt://HOST[:PORT] (port 1883 by default)")
