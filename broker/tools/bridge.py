@@ -653,10 +653,10 @@ def add_bridge_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
 
 def cmd_bridge(args: argparse.Namespace) -> int:
     """Run the bridge until SIGTERM or SIGINT; print its counters as one JSON line."""
-    from broker.tools.cli import run_async, setup_logging
+    from broker.tools.launcher import run_async
 
     config = BridgeConfig.from_args(args)
-    setup_logging(args.log_level)
+    # ``trellis`` set up the log format (stderr); this command chooses the level.
     logging.getLogger().setLevel(getattr(logging, args.log_level.upper()))
     stats = run_async(_serve(config))
     print(json.dumps(asdict(stats), sort_keys=True), flush=True)
