@@ -110,7 +110,7 @@ class OutboundRule:
 
 
 def parse_map(text: str) -> InboundRule:
-    """Parse ``PATTERN=ATTRS`` (split at the first ``=``), e.g.
+    """Parse ``PATTERN=ATTRS`` (split at the first ``=``, so a pattern has none), e.g.
     ``sensors/{site}/#=class:sensors,kind:temp``.
 
     Raises:
