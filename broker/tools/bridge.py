@@ -37,6 +37,7 @@ import random
 import signal
 import time
 import tomllib
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -249,12 +250,21 @@ class MqttBridge:
             return self.stats
         try:
             async with contextlib.AsyncExitStack() as stack:
+                subs: list[Subscription] = []
                 for adv in dict.fromkeys(str(r.advertisement()) for r in self.config.inbound):
-                    await overlay.advertise(adv)
-                subs = [
-                    await stack.enter_async_context(overlay.subscribe(rule.filter))
-                    for rule in self.config.outbound
-                ]
+
+                    async def advertise(adv: str = adv) -> None:
+                        await overlay.advertise(adv)
+
+                    if not await self._retrying(advertise):
+                        return self.stats
+                for rule in self.config.outbound:
+
+                    async def subscribe(rule: OutboundRule = rule) -> None:
+                        subs.append(await stack.enter_async_context(overlay.subscribe(rule.filter)))
+
+                    if not await self._retrying(subscribe):
+                        return self.stats
                 mqtt_task = asyncio.create_task(self._mqtt_loop(), name="bridge-mqtt")
                 workers = [
                     asyncio.create_task(self._inbound_loop(overlay), name="bridge-in"),
@@ -286,6 +296,19 @@ class MqttBridge:
             except (ConnectionLost, TrellisTimeout) as exc:
                 pause = _backoff(attempt, self.config.max_backoff)
                 log.warning("overlay not reachable (%s); retrying in %.1f s", exc, pause)
+            if await self._stopped_within(pause):
+                return False
+        return False  # pragma: no cover - the loop above only returns
+
+    async def _retrying(self, request: Callable[[], Awaitable[object]]) -> bool:
+        """Repeat an overlay request until it is acknowledged (True) or the bridge stops."""
+        for attempt in itertools.count():
+            try:
+                await request()
+                return True
+            except (ConnectionLost, TrellisTimeout) as exc:
+                pause = _backoff(attempt, self.config.max_backoff)
+                log.warning("overlay request failed (%s); retrying in %.1f s", exc, pause)
             if await self._stopped_within(pause):
                 return False
         return False  # pragma: no cover - the loop above only returns
