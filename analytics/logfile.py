@@ -19,10 +19,12 @@ columns for the job (:mod:`analytics.compact`).
 
 from __future__ import annotations
 
+import json
 import struct
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from functools import cache
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -123,9 +125,9 @@ def _fits(value: Any, kind: str) -> bool:
 
 @cache
 def _types() -> dict[str, str]:
-    from analytics.schema import field_types
-
-    return field_types()
+    """Field name → schema type (read here: :mod:`analytics.schema` imports this module)."""
+    doc = json.loads(files("analytics").joinpath("traffic_log_schema.json").read_text("utf-8"))
+    return {name: kind for name, kind, _doc in doc["fields"]}
 
 
 def _valid(record: dict[str, Any]) -> bool:
