@@ -20,44 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from broker.tools.analytics_outputs import read_table
+
 if TYPE_CHECKING:  # the handler imports these: `trellis broker` must not pay for them
     from overlay.placement import NodeFailures, PathKey, Plan, ReplicaChange
     from overlay.placement_config import PlacementConfig
     from overlay.tree import Tree
 
-__all__ = ["Evidence", "add_placement_parser", "read_evidence", "read_table"]
-
-OUTPUT_VERSION = 1
-"""The analytics outputs' version this reader understands (``summary.json``'s ``version``)."""
-
-
-def read_table(out: Path, name: str) -> list[dict[str, Any]]:
-    """Rows of one of the analytics job's Parquet tables (none when the job wrote none).
-
-    Raises:
-        ValueError: ``out`` is not an analytics output directory of a version we read.
-    """
-    summary_path = out / "summary.json"
-    if not summary_path.is_file():
-        raise ValueError(
-            f"{out} is not an analytics output (no summary.json); run: "
-            f"trellis analytics run --logs LOGS --out {out}"
-        )
-    try:
-        version = json.loads(summary_path.read_text("utf-8")).get("version")
-    except (ValueError, AttributeError):
-        raise ValueError(f"{summary_path}: not an analytics summary") from None
-    if version != OUTPUT_VERSION:
-        raise ValueError(
-            f"{summary_path}: outputs version {version!r}, this reads {OUTPUT_VERSION}"
-        )
-    table_dir = out / name
-    if not table_dir.exists():
-        return []
-    import pyarrow.parquet as pq  # type: ignore[import-untyped]
-
-    rows: list[dict[str, Any]] = pq.read_table(table_dir).to_pylist()
-    return rows
+__all__ = ["Evidence", "add_placement_parser", "read_evidence"]
 
 
 @dataclass

@@ -11,7 +11,6 @@ the reconfiguration protocol is not built yet, and the command says so rather th
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 import tomllib
@@ -19,44 +18,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from broker.tools.analytics_outputs import read_table
+
 if TYPE_CHECKING:  # the handlers import these: `trellis broker` must not pay for them
     from reconfig.rebuild import DemandClasses, RebuildPlan
     from security.trust import BrokerTrust, TrustConfig
 
-__all__ = ["add_rebuild_parser", "add_trust_parser", "load_trust_config", "read_table"]
-
-OUTPUT_VERSION = 1
-"""The analytics outputs' version this reader understands (``summary.json``'s ``version``)."""
+__all__ = ["add_rebuild_parser", "add_trust_parser", "load_trust_config"]
 
 STATE_FILE = "rebuild-state.json"
 """Where ``trellis rebuild`` keeps the hysteresis memory between runs, in ``--dir``."""
-
-
-def read_table(out: Path, name: str) -> list[dict[str, Any]]:
-    """Rows of one of the job's Parquet tables (an empty list when the job wrote none).
-
-    Raises:
-        ValueError: ``out`` is not an analytics output directory of a version we read.
-    """
-    summary_path = out / "summary.json"
-    if not summary_path.is_file():
-        raise ValueError(
-            f"{out} is not an analytics output (no summary.json); run: "
-            f"trellis analytics run --logs LOGS --out {out}"
-        )
-    summary = json.loads(summary_path.read_text("utf-8"))
-    version = summary.get("version")
-    if version != OUTPUT_VERSION:
-        raise ValueError(
-            f"{summary_path}: outputs version {version!r}, this reads {OUTPUT_VERSION}"
-        )
-    table_dir = out / name
-    if not table_dir.exists():
-        return []
-    # Through importlib: pyarrow ships no type information, and this is its one use here.
-    pq: Any = importlib.import_module("pyarrow.parquet")
-    rows: list[dict[str, Any]] = pq.read_table(table_dir).to_pylist()
-    return rows
 
 
 def load_trust_config(path: Path | None) -> TrustConfig:
