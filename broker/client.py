@@ -177,6 +177,9 @@ class _Link(asyncio.Protocol):
             self.fatal = exc
             if self.transport is not None:
                 self.transport.close()
+        finally:
+            if self.client._arrived:
+                self.client._recover_arrived()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.can_write.set()
@@ -509,6 +512,8 @@ class Client:
         self.vn: str | None = None
         self.vn_size = replicas
         self._assemblies: OrderedDict[tuple[str, int], KeyAssembly] = OrderedDict()
+        # epochs whose shares arrived in the current read (tried once it is decoded)
+        self._arrived: dict[tuple[str, int], KeyAssembly] = {}
         # (publisher, epoch, path) -> shares checked after the key was recovered
         self._late_audits: dict[tuple[str, int, tuple[str, ...]], int] = {}
         if key_refresh < 1:
@@ -1069,12 +1074,20 @@ class Client:
             return
         assembly = self._assembly(msg.publisher, msg.seq)
         assembly.add(link.broker_id, record)
-        if self.manifest is not None and self.vn is not None:
+        self._arrived[msg.publisher, msg.seq] = assembly
+
+    def _recover_arrived(self) -> None:
+        """Try the epochs whose shares came in the last read, once each (a read carries
+        many shares of one epoch: a reconstruction pass per share would redo the work)."""
+        arrived, self._arrived = self._arrived, {}
+        if self.manifest is None or self.vn is None:
+            return
+        for assembly in arrived.values():
             had_key = assembly.key is not None
             assembly.recover(self.manifest, self.vn)
             if assembly.key is not None and not had_key:
                 for sub in list(self._subscriptions.values()):
-                    sub._flush(msg.publisher)
+                    sub._flush(assembly.publisher)
 
     def _decrypt(self, delivery: Delivery) -> bytes | None:
         """The plaintext of an agreed confidential copy, once its epoch key is recovered."""

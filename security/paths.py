@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -53,21 +54,33 @@ class Membership(Protocol):
 
 _PATH_CACHE: WeakKeyDictionary[Membership, dict[tuple[str, ...], tuple[tuple[Member, ...], ...]]]
 _PATH_CACHE = WeakKeyDictionary()
+# (publisher, its public key, path) -> view, newest last; bounded.
+_VIEWS: OrderedDict[tuple[str, bytes, tuple[tuple[Member, ...], ...]], PathView] = OrderedDict()
+_VIEW_MEMORY = 1024
 
 
 def path_view(
     manifest: Membership, publisher: str, sec: SecBlock, path: tuple[str, ...]
 ) -> PathView:
-    """Who may sign each split of this publication along the VN ``path`` it travelled."""
+    """Who may sign each split of this publication along the VN ``path`` it travelled.
+
+    Keys are decoded once per path and publisher key, not once per publication: a
+    publisher's epochs all travel the same few paths.
+    """
     paths = _PATH_CACHE.setdefault(manifest, {})
     vns = paths.get(path)
     if vns is None:
-        # Decoding the members' keys once per path, not once per publication.
         vns = paths[path] = tuple(
             tuple(Member(b, public_key_from_bytes(manifest.keys[b])) for b in manifest.members[vn])
             for vn in path
         )
-    return PathView(Member(publisher, public_key_from_bytes(sec.pk)), vns)
+    key = (publisher, sec.pk, vns)
+    view = _VIEWS.get(key)
+    if view is None:
+        view = _VIEWS[key] = PathView(Member(publisher, public_key_from_bytes(sec.pk)), vns)
+        if len(_VIEWS) > _VIEW_MEMORY:
+            _VIEWS.popitem(last=False)
+    return view
 
 
 def claimed_path(

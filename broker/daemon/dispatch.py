@@ -779,6 +779,8 @@ class Broker:
             source.send(Ack(msg.rid))
 
     def flush(self) -> None:
+        if self.shares.pending:
+            self.shares.flush(write=False)
         dirty = self.dirty
         if dirty:
             self.dirty = []

@@ -121,6 +121,11 @@ class SecureForwarding:
         self._sweeping = False
 
     @property
+    def pending(self) -> bool:
+        """Whether sub-shares split in this pass wait to be sealed and sent."""
+        return bool(self._outbox)
+
+    @property
     def enabled(self) -> bool:
         return self.signer is not None and self.manifest is not None
 
@@ -345,10 +350,18 @@ class SecureForwarding:
             self._flushing = True
             asyncio.get_running_loop().call_soon(self.flush)
 
-    def flush(self) -> None:
-        """Seal this pass's splits with one signature and send their sub-shares."""
+    def flush(self, *, write: bool = True) -> None:
+        """Seal this pass's splits with one signature and send their sub-shares.
+
+        The broker calls it with ``write=False`` just before it writes what a read produced,
+        so sub-shares leave in the same write as the content they belong to (one system
+        call and one wake-up per link and read, not two); the call scheduled when the first
+        split of the pass was made then finds nothing left and writes itself only when
+        splits came from elsewhere (a timer)."""
         self._flushing = False
         outbox, self._outbox = self._outbox, []
+        if not outbox:
+            return
         sealed = self.batch.seal() if self.batch is not None else {}
         stats = self.stats
         written: dict[Member, None] = {}
@@ -360,7 +373,9 @@ class SecureForwarding:
             conn.send(Share(publisher, seq, pack_record(record)))
             written[conn] = None
             stats.shares_forwarded += 1
-        # A connection writes what it was sent once per read; this pass runs after the read.
+        if not write:
+            return
+        # A connection writes what it was sent once per read; this pass ran after the read.
         for conn in written:
             flush = getattr(conn, "flush", None)
             if flush is not None:
