@@ -51,7 +51,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import msgpack
 from cryptography.exceptions import InvalidSignature
@@ -101,6 +101,8 @@ _DIGEST_TAG = b"trellis/cert-digest\x00"
 _sha256 = hashlib.sha256
 
 Lineage = tuple[int, ...]
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 
 
 class PropagationError(IntegrityError):
@@ -193,6 +195,33 @@ class SplitCert:
     position: int = 0
     count: int = 1
     proof: tuple[bytes, ...] = ()
+    # Certificates are dictionary keys in every verifier cache and travel with every share
+    # below them: the hash is computed once, not on each lookup.
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self,
+            "_hash",
+            hash(
+                (
+                    self.pub_id,
+                    self.node,
+                    self.k,
+                    self.r,
+                    self.splitter,
+                    self.commitments,
+                    self.signature,
+                    self.parent,
+                    self.position,
+                    self.count,
+                    self.proof,
+                )
+            ),
+        )
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def signed_bytes(self) -> bytes:
         """The canonical msgpack bytes of the statement (a leaf of the batch's Merkle tree)."""
@@ -948,13 +977,27 @@ def _dedupe(blames: Iterable[Blame]) -> list[Blame]:
     return out
 
 
-def pack_record(record: ShareRecord) -> bytes:
-    """msgpack wire form of a record (certificates inline)."""
-    return msgpack.packb(
-        [
-            record.pub_id,
-            list(record.lineage),
-            [
+_PACKED: dict[SplitCert, bytes] = {}
+_PARSED: dict[bytes, SplitCert] = {}
+_CERT_MEMORY = 1 << 14
+
+
+def _bounded(table: dict[_K, _V], key: _K, value: _V) -> _V:
+    """Remember ``value`` under ``key``, dropping the oldest quarter when full."""
+    if len(table) >= _CERT_MEMORY:
+        for stale in list(table)[: _CERT_MEMORY // 4]:
+            del table[stale]
+    table[key] = value
+    return value
+
+
+def _pack_cert(c: SplitCert) -> bytes:
+    packed = _PACKED.get(c)
+    if packed is None:
+        packed = _bounded(
+            _PACKED,
+            c,
+            msgpack.packb(
                 [
                     c.pub_id,
                     list(c.node),
@@ -967,9 +1010,50 @@ def pack_record(record: ShareRecord) -> bytes:
                     c.position,
                     c.count,
                     list(c.proof),
-                ]
-                for c in record.certs
-            ],
+                ],
+                use_bin_type=True,
+            ),
+        )
+    return packed
+
+
+def _unpack_cert(raw: bytes) -> SplitCert:
+    cert = _PARSED.get(raw)
+    if cert is not None:
+        return cert
+    c_pub, node, k, r, splitter, commits, sig, parent, position, count, proof = msgpack.unpackb(
+        raw, use_list=False, raw=False
+    )
+    if not (
+        type(c_pub) is bytes
+        and type(k) is int
+        and type(r) is int
+        and type(splitter) is str
+        and type(sig) is bytes
+        and type(parent) is bytes
+        and type(position) is int
+        and type(count) is int
+        and type(commits) is tuple
+        and type(proof) is tuple
+        and all(type(x) is bytes for x in commits)
+        and all(type(x) is bytes for x in proof)
+    ):
+        raise TypeError("malformed certificate")
+    cert = SplitCert(
+        c_pub, _ints(node), k, r, splitter, commits, sig, parent, position, count, proof
+    )
+    return _bounded(_PARSED, raw, cert)
+
+
+def pack_record(record: ShareRecord) -> bytes:
+    """msgpack wire form of a record; each certificate is packed on its own, once per
+    process, and is parsed once per process on arrival (every share below a split carries
+    the same certificates)."""
+    return msgpack.packb(
+        [
+            record.pub_id,
+            list(record.lineage),
+            [_pack_cert(c) for c in record.certs],
             record.salt,
             record.data,
         ],
@@ -987,29 +1071,10 @@ def unpack_record(raw: bytes) -> ShareRecord:
         pub_id, lineage, certs, salt, data = msgpack.unpackb(raw, use_list=False, raw=False)
         if type(pub_id) is not bytes or type(salt) is not bytes or type(data) is not bytes:
             raise TypeError("pub_id, salt and data must be bytes")
-        chain = []
-        for c_pub, node, k, r, splitter, commits, sig, parent, position, count, proof in certs:
-            if not (
-                type(c_pub) is bytes
-                and type(k) is int
-                and type(r) is int
-                and type(splitter) is str
-                and type(sig) is bytes
-                and type(parent) is bytes
-                and type(position) is int
-                and type(count) is int
-                and type(commits) is tuple
-                and type(proof) is tuple
-                and all(type(x) is bytes for x in commits)
-                and all(type(x) is bytes for x in proof)
-            ):
-                raise TypeError("malformed certificate")
-            chain.append(
-                SplitCert(
-                    c_pub, _ints(node), k, r, splitter, commits, sig, parent, position, count, proof
-                )
-            )
-        record = ShareRecord(pub_id, _ints(lineage), tuple(chain), salt, data)
+        if type(certs) is not tuple or not all(type(c) is bytes for c in certs):
+            raise TypeError("certificates must be a list of packed certificates")
+        chain = tuple(_unpack_cert(c) for c in certs)
+        record = ShareRecord(pub_id, _ints(lineage), chain, salt, data)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise PropagationError(f"malformed share record: {exc}") from None
     return record
