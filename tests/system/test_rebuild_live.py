@@ -225,3 +225,63 @@ def test_refused_moves_leave_the_overlay_as_it_was_and_say_why(
     assert "c2.1 unreachable" in report.outcomes[0].error
     assert report.state.startswith("stopped at move 1; the overlay is as it was")
     assert overlay.live_tree().links == before.links
+
+
+def test_an_adaptive_cycle_demotes_the_faulty_vn_and_later_cycles_keep_the_tree(
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    from broker.tools.adaptive import (
+        AdaptiveSettings,
+        adaptive_broker_settings,
+        read_cycles,
+        run_adaptive,
+    )
+
+    interval = 2.0
+    overlay = run_overlay(
+        line_tree([f"b{i}" for i in range(5)]),
+        name="adaptive",
+        replicas={"b2": 3},
+        overrides={"b2.1": {"byzantine": "corrupt"}},
+        heartbeat_interval=1.0,
+        **adaptive_broker_settings(interval, ocbr_turns=False),
+    )
+    asyncio.run(publish_and_check(overlay, lambda: None, count=20))
+    jobs: list[Path] = []
+
+    async def reference_job(logs: Path, out: Path) -> dict[str, Any]:
+        jobs.append(logs)
+        if len(jobs) == 1:
+            await asyncio.sleep(interval * 1.5)  # a slow job: the next tick is skipped
+        await asyncio.to_thread(write_reference_outputs, logs, out)
+        return {"records": 0}
+
+    seen: list[dict[str, Any]] = []
+
+    def loop() -> None:
+        settings = AdaptiveSettings(interval=interval, cycles=2)
+        asyncio.run(run_adaptive(overlay.workdir, settings, reference_job, seen.append))
+
+    # Traffic flows while the loop runs its cycles and applies the first one's moves.
+    asyncio.run(publish_and_check(overlay, loop, count=150))
+    cycles = read_cycles(overlay.workdir)
+    assert [c["cycle"] for c in cycles] == [2, 1, 3]  # the skip is recorded when it happens
+    skipped, first, second = cycles
+    assert skipped["outcome"].startswith("skipped")
+    assert first["outcome"].startswith("applied"), first["outcome"]
+    assert first["plan"]["distrusted"] == ["b2"]
+    assert first["plan"]["after"]["social_trust"] > first["plan"]["before"]["social_trust"]
+    assert first["plan"]["after"]["cost"] <= first["plan"]["budget"]
+    assert second["outcome"].startswith("kept"), second["outcome"]  # no oscillation
+    assert second["plan"]["distrusted"] == ["b2"]
+    assert [c["cycle"] for c in seen] == [2, 1, 3]
+    tree = overlay.live_tree()
+    assert len(tree.neighbours("b2")) == 1
+    tags = [
+        r["requested"]["tag"]
+        for b in overlay.broker_ids
+        for r in fetch_json(overlay.brokers[b].admin_url + "/reconfig")["rounds"]
+        if "requested" in r
+    ]
+    assert tags
+    assert all(t.startswith("cycle 1 move") for t in tags)
