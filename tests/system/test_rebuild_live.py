@@ -21,10 +21,12 @@ from typing import Any
 import pytest
 
 from broker.client import Client, TrellisTimeout
+from broker.daemon.reconfig_agent import ControlChannel
 from broker.tools.cli import main
 from broker.tools.local import LocalOverlay, fetch_json, fetch_text
 from broker.tools.rebuild_apply import apply_moves_live, ask_move, live_tree
 from overlay.tree import line_tree
+from reconfig.live import RequestedMove
 from reconfig.rebuild import Move, transit_vns
 
 pq = pytest.importorskip("pyarrow.parquet")
@@ -216,6 +218,21 @@ def test_refused_moves_leave_the_overlay_as_it_was_and_say_why(
     ok, error, _who = asyncio.run(ask_move(info, Move("c1", "c3", "c0"), "stale", 10.0))
     assert not ok
     assert "c3 is not a neighbour of master c1" in error
+    assert overlay.live_tree().links == before.links
+
+    # A peer broker may not ask for a move: only the broker's own id (the operator) may.
+    async def ask_as_peer() -> str:
+        endpoint = next(b["endpoint"] for b in info["brokers"] if b["id"] == "c2.0")
+        channel = ControlChannel("c3", "c2.0", endpoint)
+        try:
+            await channel.open(2.0)
+            reply = await channel.call(RequestedMove("c3", "c1"), 10.0)
+        finally:
+            await channel.close()
+        assert not reply.ok
+        return reply.error
+
+    assert "asked under the broker's own id, not 'c3'" in asyncio.run(ask_as_peer())
     assert overlay.live_tree().links == before.links
 
     # A member of the neighbourhood is down: the round is refused, nothing changes.
