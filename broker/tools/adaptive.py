@@ -31,15 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from broker.tools.adaptive_cycles import append_cycle
 from broker.tools.rebuild_apply import apply_moves_live
 from broker.tools.trust_cli import plan_for_overlay, save_state
 
-__all__ = ["CYCLES_FILE", "AdaptiveSettings", "read_cycles", "run_adaptive", "run_cycle"]
+__all__ = ["AdaptiveSettings", "adaptive_broker_settings", "run_adaptive", "run_cycle"]
 
 log = logging.getLogger("trellis.adaptive")
-
-CYCLES_FILE = "adaptive-cycles.jsonl"
-"""Where the loop records its cycles, one JSON object a line, in the overlay's directory."""
 
 WORK_DIR = "adaptive"
 """Each cycle's log snapshot and analytics outputs, under the overlay's directory."""
@@ -175,42 +173,6 @@ def _prune(root: Path, keep: int) -> None:
         with contextlib.suppress(ValueError):
             if int(path.name.removeprefix("cycle-")) < keep:
                 shutil.rmtree(path, ignore_errors=True)
-
-
-def append_cycle(workdir: Path, record: dict[str, Any]) -> None:
-    with (workdir / CYCLES_FILE).open("a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record, default=str) + "\n")
-
-
-def read_cycles(workdir: Path) -> list[dict[str, Any]]:
-    """The cycles recorded so far (none without a file; a torn last line is skipped)."""
-    path = workdir / CYCLES_FILE
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text("utf-8").splitlines():
-        with contextlib.suppress(ValueError):
-            out.append(json.loads(line))
-    return out
-
-
-def describe_cycle(record: dict[str, Any]) -> str:
-    """One line for people: the cycle's outcome, times and what the plan changed."""
-    parts = [f"cycle {record['cycle']}: {record.get('outcome', '?')}"]
-    if "job_seconds" in record:
-        parts.append(
-            f"job {record['job_seconds']:.1f} s, plan {record.get('plan_seconds', 0):.2f} s, "
-            f"moves {record.get('moves_seconds', 0):.2f} s"
-        )
-    plan = record.get("plan")
-    if plan:
-        b, a = plan["before"], plan["after"]
-        parts.append(
-            f"social trust {b['social_trust']:.3f} -> {a['social_trust']:.3f}, "
-            f"cost {b['cost']:g} -> {a['cost']:g} (budget {plan['budget']:g}), "
-            f"distrusted {','.join(plan['distrusted']) or 'none'}"
-        )
-    return "; ".join(parts)
 
 
 async def run_adaptive(

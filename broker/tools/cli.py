@@ -383,7 +383,8 @@ def run_adaptive_loop(args: argparse.Namespace) -> int:
     ``--cycles`` ran or Ctrl-C / SIGTERM; the brokers keep running either way."""
     import asyncio
 
-    from broker.tools.adaptive import AdaptiveSettings, describe_cycle, run_adaptive
+    from broker.tools.adaptive import AdaptiveSettings, run_adaptive
+    from broker.tools.adaptive_cycles import describe_cycle
 
     settings = AdaptiveSettings(
         interval=args.analytics_interval, epsilon=args.epsilon, cycles=args.cycles
@@ -508,7 +509,7 @@ def describe_round(record: dict[str, Any]) -> str:
 
 
 def cmd_reconfig(args: argparse.Namespace) -> int:
-    from broker.tools.adaptive import describe_cycle, read_cycles
+    from broker.tools.adaptive_cycles import describe_cycle, read_cycles
     from broker.tools.local import fetch_json, read_overlay
 
     info = read_overlay(Path(args.dir))

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from broker.client import Client
-from broker.tools.adaptive import read_cycles
+from broker.tools.adaptive_cycles import read_cycles
 from broker.tools.cli import main
 from overlay.manifest import Manifest
 

@@ -247,12 +247,8 @@ def test_refused_moves_leave_the_overlay_as_it_was_and_say_why(
 def test_an_adaptive_cycle_demotes_the_faulty_vn_and_later_cycles_keep_the_tree(
     run_overlay: Callable[..., LocalOverlay],
 ) -> None:
-    from broker.tools.adaptive import (
-        AdaptiveSettings,
-        adaptive_broker_settings,
-        read_cycles,
-        run_adaptive,
-    )
+    from broker.tools.adaptive import AdaptiveSettings, adaptive_broker_settings, run_adaptive
+    from broker.tools.adaptive_cycles import read_cycles
 
     interval = 2.0
     overlay = run_overlay(
