@@ -23,7 +23,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from overlay.tree import Link, link
 from security.errors import InvalidRequest
@@ -164,6 +164,56 @@ def _parse_prepare(round_id: str, data: Mapping[str, Any]) -> Prepare:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class RequestedMove:
+    """A neighbourhood move an operator asks a master VN to run as one round (``trellis
+    rebuild``): replace the link master–``vn`` by ``via``–``vn``, where ``via`` is another
+    neighbour of the master. ``tag`` names who asked (e.g. a rebuild cycle and move number),
+    for the round's record."""
+
+    vn: str
+    via: str
+    tag: str = ""
+    op: ClassVar[str] = "move"
+
+    def to_data(self) -> dict[str, Any]:
+        return {"vn": self.vn, "via": self.via, "tag": self.tag}
+
+    def problem(self, master: str, neighbours: Iterable[str]) -> str | None:
+        """Why master VN ``master`` with neighbour VNs ``neighbours`` cannot run it now."""
+        mine = set(neighbours)
+        if self.vn == self.via:
+            return f"move {self.vn} via itself"
+        missing = [v for v in (self.vn, self.via) if v not in mine]
+        if missing:
+            return (
+                f"VN {', '.join(missing)} is not a neighbour of master {master} "
+                f"(its neighbours: {', '.join(sorted(mine)) or 'none'})"
+            )
+        return None
+
+    def local_links(self, master: str, neighbours: Iterable[str]) -> list[Link]:
+        """The neighbourhood's new local tree: the star with master–vn replaced by via–vn."""
+        star = {link(master, n) for n in neighbours}
+        return sorted((star - {link(master, self.vn)}) | {link(self.via, self.vn)})
+
+
+def parse_move(data: Mapping[str, Any]) -> RequestedMove:
+    """The move of a ``RECONF move`` request.
+
+    Raises:
+        InvalidRequest: ``vn`` or ``via`` missing or not a VN id, ``tag`` not a string.
+    """
+    vn, via, tag = data.get("vn"), data.get("via"), data.get("tag", "")
+    if not isinstance(vn, str) or not vn:
+        raise InvalidRequest("RECONF move field 'vn' must be a VN id")
+    if not isinstance(via, str) or not via:
+        raise InvalidRequest("RECONF move field 'via' must be a VN id")
+    if not isinstance(tag, str):
+        raise InvalidRequest("RECONF move field 'tag' must be a string")
+    return RequestedMove(vn, via, tag)
+
+
 def plan_problem(step: Prepare, vn: str, neighbours: Iterable[str]) -> str | None:
     """Why the member VN ``vn``, whose neighbour VNs are ``neighbours`` now, must refuse the
     plan ``step``; None when the plan is sound as far as this member can see.
@@ -283,6 +333,7 @@ class RoundStats:
     no_plan: int = 0
     applied: int = 0
     aborted: int = 0
+    requested: int = 0
     links_changed: int = 0
     saving: float = 0.0
     last_cost_before: float = 0.0

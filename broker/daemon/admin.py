@@ -199,6 +199,11 @@ class BrokerCollector:
             rounds.add_metric([me, outcome], count)
         yield rounds
         yield counter(
+            "trellis_reconfig_requested_moves",
+            "Moves an operator asked this broker to coordinate (trellis rebuild)",
+            r.requested,
+        )
+        yield counter(
             "trellis_reconfig_links_changed", "Links added by applied plans", r.links_changed
         )
         yield counter(

@@ -284,7 +284,9 @@ class Connection(asyncio.Protocol):
     def handle_control(self, msg: Message) -> None:
         match msg:
             case Reconf(op, data):
-                self.broker.reconfig.control_request(op, data, self.answer_step)
+                self.broker.reconfig.control_request(
+                    op, data, self.answer_step, sender=self.peer_id or ""
+                )
             case Ping(token):
                 self.send(Pong(token))
             case Pong():

@@ -114,7 +114,7 @@ from broker.wire.protocol import (
     encode,
 )
 from overlay.tree import Link, link
-from reconfig.cost import CostModel, LocalView
+from reconfig.cost import CostModel, LocalView, SwapEvaluator
 from reconfig.live import (
     OK,
     Install,
@@ -124,14 +124,16 @@ from reconfig.live import (
     Pending,
     Prepare,
     Reply,
+    RequestedMove,
     RoundStats,
     Step,
+    parse_move,
     parse_step,
     tables_digest,
     vouch_quorum,
 )
-from reconfig.ocbr import TabuParams, plan_view
-from security.errors import ProtocolError, TrellisError
+from reconfig.ocbr import OcbrPlan, TabuParams, plan_view
+from security.errors import InvalidRequest, ProtocolError, TrellisError
 
 log = logging.getLogger("trellis.reconfig")
 
@@ -236,7 +238,7 @@ class ControlChannel:
         if type(reply) is not Welcome:
             raise ProtocolError(f"broker {self.peer} refused a control connection: {reply}")
 
-    async def call(self, step: Step, timeout: float) -> Reply:
+    async def call(self, step: Step | RequestedMove, timeout: float) -> Reply:
         assert self.writer is not None
         self.writer.write(encode(Reconf(step.op, step.to_data())))
         async with asyncio.timeout(timeout):
@@ -325,13 +327,16 @@ class ReconfigAgent:
             except (OSError, TrellisError, TimeoutError) as exc:
                 log.warning("reconfiguration round failed: %s", exc)
 
-    async def master_turn(self) -> dict[str, Any] | None:
-        """One round as master; returns the record of the round, or None if none ran."""
+    async def master_turn(self, requested: RequestedMove | None = None) -> dict[str, Any] | None:
+        """One round as master; returns the record of the round, or None if none ran.
+
+        With ``requested`` (an operator's move, :meth:`request_move`) the round runs that
+        move instead of searching for a cheaper tree, whatever the traffic seen."""
         h = self.hood
         neighbours = h.neighbour_vns()
         if len(neighbours) < 2 or self.member.lease is not None or self.member.pending:
             return None
-        if sum(h.traffic_classes().values()) < self.settings.min_traffic:
+        if requested is None and sum(h.traffic_classes().values()) < self.settings.min_traffic:
             return None
         if not await self.is_coordinator():
             return None
@@ -344,10 +349,14 @@ class ReconfigAgent:
             "time": time.time(),
             "neighbourhood": sorted(link(h.vn, n) for n in neighbours),
         }
+        if requested is not None:
+            record["requested"] = requested.to_data()
         self.coordinating = round_id
         channels: list[ControlChannel] = []
         try:
-            outcome = await self._coordinate(round_id, [h.vn, *neighbours], channels, record)
+            outcome = await self._coordinate(
+                round_id, [h.vn, *neighbours], channels, record, requested
+            )
         finally:
             self.coordinating = None
             await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
@@ -362,6 +371,7 @@ class ReconfigAgent:
         hood: list[str],
         channels: list[ControlChannel],
         record: dict[str, Any],
+        requested: RequestedMove | None = None,
     ) -> str:
         h = self.hood
         members = sorted(p for p, n in h.directory.items() if n.vn_id in hood)
@@ -387,10 +397,21 @@ class ReconfigAgent:
             self.stats.refused += 1
             return f"refused: {refusals[0]}"
         view = self.local_view()
-        # The search is CPU work on immutable data: off the loop, so traffic keeps flowing.
-        plan = await asyncio.to_thread(
-            plan_view, view, self.model, rng=self.rng, params=self.params
-        )
+        plan: OcbrPlan | None
+        if requested is not None:
+            # Checked against the neighbours of now, under the lock: the request may be stale.
+            problem = requested.problem(h.vn, view.neighbours)
+            if problem is not None:
+                await self._all(channels, unlock)
+                await self.handle(unlock)
+                self.stats.refused += 1
+                return f"refused: {problem}"
+            plan = self._requested_plan(requested, view)
+        else:
+            # The search is CPU work on immutable data: off the loop, so traffic keeps flowing.
+            plan = await asyncio.to_thread(
+                plan_view, view, self.model, rng=self.rng, params=self.params
+            )
         self.start_window()
         if plan is None:
             await self._all(channels, unlock)
@@ -433,10 +454,36 @@ class ReconfigAgent:
         await self._step(channels, Step("resume", round_id))
         self.stats.applied += 1
         self.stats.links_changed += len(plan.change.add)
-        self.stats.saving += plan.improvement
+        if requested is None:  # an operator's move may cost more: not a saving
+            self.stats.saving += plan.improvement
         self.stats.last_cost_before = plan.cost_before
         self.stats.last_cost_after = plan.cost_after
         return "applied"
+
+    def _requested_plan(self, requested: RequestedMove, view: LocalView) -> OcbrPlan:
+        """An operator's move as a plan, priced on the window's demand like a searched one."""
+        new_links = requested.local_links(view.master, view.neighbours)
+        ev = SwapEvaluator.from_view(view, self.model)
+        before = ev.cost
+        ev.reset(new_links)
+        return OcbrPlan(view.master, view.change(new_links), before, ev.cost)
+
+    async def request_move(self, move: RequestedMove) -> Reply:
+        """Run an operator's move as one round with this broker as coordinator (its VN is
+        the master); the reply says whether it was applied and, if not, why (the round's
+        outcome: refused or aborted rounds changed nothing)."""
+        h = self.hood
+        self.stats.requested += 1
+        problem = move.problem(h.vn, h.neighbour_vns())
+        if problem is not None:
+            return Reply(False, f"{h.broker_id}: refused: {problem}")
+        if self.member.lease is not None or self.member.pending or self.coordinating:
+            return Reply(False, f"{h.broker_id}: refused: busy with another round")
+        record = await self.master_turn(move)
+        if record is None:
+            return Reply(False, f"{h.broker_id}: refused: not the coordinator of VN {h.vn}")
+        outcome = str(record["outcome"])
+        return OK if outcome == "applied" else Reply(False, f"{h.broker_id}: {outcome}")
 
     def propose_plan(self, hood: list[str], planned: list[Link]) -> tuple[list[str], list[Link]]:
         """The neighbourhood and links this coordinator proposes (the plan's, when
@@ -540,16 +587,26 @@ class ReconfigAgent:
     # -- member side ----------------------------------------------------------------------
 
     def control_request(
-        self, op: str, data: dict[str, Any], answer: Callable[[Reply], None]
+        self, op: str, data: dict[str, Any], answer: Callable[[Reply], None], sender: str = ""
     ) -> None:
         """A coordinator's request on a control connection: run it, then ``answer``.
 
+        ``move`` is an operator's request (``trellis rebuild``) that this broker coordinate a
+        round running one given move; it is accepted only on a control connection opened
+        under this broker's own id (the operator holds its configuration), not from peers.
         A malformed step is answered like a refused one (the connection stays open)."""
 
         async def serve() -> None:
             me = self.hood.broker_id
             try:
-                reply = await self.handle(parse_step(op, data))
+                if op == "move":
+                    if sender != me:
+                        raise InvalidRequest(
+                            f"a move is asked under the broker's own id, not {sender!r}"
+                        )
+                    reply = await self.request_move(parse_move(data))
+                else:
+                    reply = await self.handle(parse_step(op, data))
             except TrellisError as exc:
                 reply = Reply(False, f"{me}: {exc.message}")
             except Exception as exc:  # a failed step must reach the coordinator as an answer
@@ -888,6 +945,7 @@ class ReconfigAgent:
             "no_plan": s.no_plan,
             "applied": s.applied,
             "aborted": s.aborted,
+            "requested": s.requested,
             "links_changed": s.links_changed,
             "saving": s.saving,
             "window": {

@@ -354,6 +354,10 @@ def cmd_up(args: argparse.Namespace) -> int:
             f"its brokers are {' '.join(names)}"
         )
     settings: dict[str, Any] = {"covering": not args.no_covering, "log_level": args.log_level}
+    if args.adaptive:
+        from broker.tools.adaptive import adaptive_broker_settings
+
+        settings.update(adaptive_broker_settings(args.analytics_interval, args.reconfig))
     if args.reconfig:
         settings["reconfig"] = {"enabled": True, "interval": args.reconfig_interval}
     try:
@@ -369,6 +373,41 @@ def cmd_up(args: argparse.Namespace) -> int:
         print("\ntrellis up: interrupted; stopped every broker it had started", file=sys.stderr)
         raise
     print(json.dumps(overlay.describe(), indent=2))
+    if args.adaptive:
+        return run_adaptive_loop(args)
+    return 0
+
+
+def run_adaptive_loop(args: argparse.Namespace) -> int:
+    """``trellis up --adaptive``: run the loop's cycles in the foreground until
+    ``--cycles`` ran or Ctrl-C / SIGTERM; the brokers keep running either way."""
+    import asyncio
+
+    from broker.tools.adaptive import AdaptiveSettings, run_adaptive
+    from broker.tools.adaptive_cycles import describe_cycle
+
+    settings = AdaptiveSettings(
+        interval=args.analytics_interval, epsilon=args.epsilon, cycles=args.cycles
+    )
+    print(
+        f"adaptive loop: a cycle every {settings.interval:g} s (logs, analytics job, plan, "
+        f"moves), recorded in {args.dir}/adaptive-cycles.jsonl; Ctrl-C stops the loop",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        asyncio.run(
+            run_adaptive(
+                Path(args.dir), settings, report=lambda r: print(describe_cycle(r), flush=True)
+            )
+        )
+    except KeyboardInterrupt:
+        print(
+            f"\nadaptive loop stopped; the brokers keep running (trellis down --dir {args.dir})",
+            file=sys.stderr,
+        )
+        raise
+    print(f"adaptive loop done; the brokers keep running (trellis down --dir {args.dir})")
     return 0
 
 
@@ -457,6 +496,8 @@ def measured_cost(states: dict[str, dict[str, Any]], vns: dict[str, list[str]]) 
 
 def describe_round(record: dict[str, Any]) -> str:
     line = f"{record['round']:<14} master {record['master']:<6} {record['outcome']}"
+    if "requested" in record:
+        line += f" (asked: {record['requested'].get('tag') or 'an operator'})"
     if "change" in record:
         old = " ".join(f"{a}-{b}" for a, b in record["neighbourhood"])
         new = " ".join(f"{a}-{b}" for a, b in record["new_neighbourhood"])
@@ -468,9 +509,11 @@ def describe_round(record: dict[str, Any]) -> str:
 
 
 def cmd_reconfig(args: argparse.Namespace) -> int:
+    from broker.tools.adaptive_cycles import describe_cycle, read_cycles
     from broker.tools.local import fetch_json, read_overlay
 
     info = read_overlay(Path(args.dir))
+    cycles_shown = 0
     admin = {b["id"]: b["admin"] for b in info["brokers"]}
     shown: set[str] = set()
     rounds = 0
@@ -503,6 +546,9 @@ def cmd_reconfig(args: argparse.Namespace) -> int:
             if last is not None or args.rounds is None:
                 rounds += 1
                 print(describe_round(record), flush=True)
+        for cycle in read_cycles(Path(args.dir))[cycles_shown:]:
+            cycles_shown += 1
+            print(describe_cycle(cycle), flush=True)
         now = measured_cost(states, info["vns"])
         if last is not None and now["published"] > last["published"]:
             per = (now["cost"] - last["cost"]) / (now["published"] - last["published"])
@@ -731,6 +777,30 @@ def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
         choices=LOG_LEVELS,
         default="info",
         help="the brokers' log level, in DIR/<id>.log (default: %(default)s)",
+    )
+    p.add_argument(
+        "--adaptive",
+        action="store_true",
+        help="then run the trust-aware loop in the foreground: logs, analytics job, plan, "
+        "live moves, every --analytics-interval",
+    )
+    p.add_argument(
+        "--analytics-interval",
+        type=POSITIVE_FLOAT,
+        default=120.0,
+        metavar="S",
+        help="seconds between adaptive cycles (default: %(default)s)",
+    )
+    p.add_argument(
+        "--cycles",
+        type=POSITIVE_INT,
+        help="with --adaptive: stop the loop after this many cycles (default: never)",
+    )
+    p.add_argument(
+        "--epsilon",
+        type=POSITIVE_FLOAT,
+        default=0.1,
+        help="with --adaptive: cost budget (1+E) x the best cost found (default: %(default)s)",
     )
     p.set_defaults(func=cmd_up)
 

@@ -4,17 +4,18 @@ Both read the analytics job's *outputs* (``trellis analytics run --out OUT``): t
 tables ``trust_feedback`` and ``classes`` and ``summary.json``, with pyarrow, so neither loads
 Spark (nor imports ``analytics``: the tables' columns are the contract). The operator's
 ``[trust]`` section comes from a TOML file (``--config``; for ``rebuild``, ``DIR/trust.toml``
-when present). ``trellis rebuild`` plans only (``--dry-run``): applying a plan live through
-the reconfiguration protocol is not built yet, and the command says so rather than pretend.
+when present). ``trellis rebuild`` plans from the overlay's live tree and, without
+``--dry-run``, applies the plan's moves live one at a time (:mod:`broker.tools.rebuild_apply`);
+the hysteresis memory of a fully applied plan is kept in ``DIR/rebuild-state.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tomllib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -120,7 +121,7 @@ def _report_dict(r: BrokerTrust) -> dict[str, Any]:
 
 
 def add_rebuild_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``trellis rebuild --dir DIR --from OUT [--epsilon E] --dry-run``."""
+    """``trellis rebuild --dir DIR --from OUT [--epsilon E] [--dry-run] [--json]``."""
     p = sub.add_parser(
         "rebuild", help="plan a trust-aware rebuild of a local overlay from analytics outputs"
     )
@@ -134,51 +135,52 @@ def add_rebuild_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         help="cost budget: (1+E) x the best cost found (default: %(default)s)",
     )
     p.add_argument("--config", type=Path, help="[trust] TOML file (default: DIR/trust.toml)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan only")
     p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="print the plan only (required: live application is not implemented yet)",
+        "--move-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds one live move may take (default: %(default)s)",
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=cmd_rebuild)
 
 
-def cmd_rebuild(args: argparse.Namespace) -> int:
-    from broker.tools.local import fetch_json, read_overlay, vn_links
+@dataclass(frozen=True)
+class PlannedRebuild:
+    """A plan and what it was made from (the live tree, the VNs' trust, the demand)."""
+
+    info: Mapping[str, Any]
+    tree_from: str
+    trust: Mapping[str, float]
+    classes: DemandClasses
+    plan: RebuildPlan
+
+
+def plan_for_overlay(
+    workdir: Path, out: Path, *, epsilon: float = 0.1, config_path: Path | None = None
+) -> PlannedRebuild:
+    """Plan a rebuild of the local overlay in ``workdir`` from the analytics outputs ``out``,
+    starting from its live tree (the tree it started as when no broker answers) and the
+    hysteresis memory of the last applied plan (``DIR/rebuild-state.json``)."""
+    from broker.tools.local import read_overlay
+    from broker.tools.rebuild_apply import live_tree
     from overlay.tree import Tree
     from reconfig.cost import CostModel
     from reconfig.rebuild import RebuildParams, TrustState, classes_from_rows, plan_rebuild
     from security.trust import broker_trust, vn_trust
 
-    if not args.dry_run:
-        print(
-            "trellis rebuild: applying a plan live is not implemented yet; "
-            "run with --dry-run to see the plan",
-            file=sys.stderr,
-        )
-        return 2
-    workdir = Path(args.dir)
-    config_path = args.config
     if config_path is None and (workdir / "trust.toml").is_file():
         config_path = workdir / "trust.toml"
     config = load_trust_config(config_path)
     info = read_overlay(workdir)
     vn_of = {b: vn for vn, members in info["vns"].items() for b in members}
-    health = {}
-    for broker in info.get("brokers", []):
-        try:
-            health[broker["id"]] = fetch_json(broker["admin"] + "/healthz")
-        except OSError:
-            continue
     source = "live links"
-    try:
-        tree = Tree(info["vns"], vn_links(health, vn_of)) if health else None
-    except ValueError:
-        tree = None
+    tree = live_tree(info, timeout=2.0) if info.get("brokers") else None
     if tree is None:
         tree = Tree(info["vns"], [tuple(lk) for lk in info["links"]])
         source = "the tree it started as (brokers not answering)"
-    out = Path(args.source)
     classes = classes_from_rows(read_table(out, "classes"))
     reports = broker_trust(read_table(out, "trust_feedback"), config, brokers=vn_of)
     trust = {vn: t for vn, t in vn_trust(reports).items() if vn in tree.brokers}
@@ -189,14 +191,73 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
         else TrustState()
     )
     plan = plan_rebuild(
-        tree, classes, trust, CostModel(), params=RebuildParams(epsilon=args.epsilon), state=state
+        tree, classes, trust, CostModel(), params=RebuildParams(epsilon=epsilon), state=state
     )
+    return PlannedRebuild(info, source, trust, classes, plan)
+
+
+def save_state(workdir: Path, plan: RebuildPlan) -> None:
+    """Keep the plan's hysteresis memory for the next plan (written atomically)."""
+    path = workdir / STATE_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(plan.state.to_dict(), indent=2) + "\n", "utf-8")
+    tmp.replace(path)
+
+
+def cmd_rebuild(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from broker.tools.rebuild_apply import apply_moves_live
+
+    workdir = Path(args.dir)
+    planned = plan_for_overlay(
+        workdir, Path(args.source), epsilon=args.epsilon, config_path=args.config
+    )
+    plan = planned.plan
+    if args.dry_run:
+        if args.json:
+            print(
+                json.dumps(
+                    {"tree_from": planned.tree_from, "trust": planned.trust, **plan.to_dict()},
+                    indent=2,
+                )
+            )
+        else:
+            print(planned_text(planned))
+        return 0
+    if not args.json:
+        print(planned_text(planned), flush=True)
+    report = asyncio.run(
+        apply_moves_live(planned.info, plan.before, plan.moves, timeout=args.move_timeout)
+    )
+    if report.ok:
+        save_state(workdir, plan)  # the next plan starts from the tree this one made
     if args.json:
-        print(json.dumps({"tree_from": source, "trust": trust, **plan.to_dict()}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "tree_from": planned.tree_from,
+                    "trust": planned.trust,
+                    **plan.to_dict(),
+                    "applied": report.to_dict(),
+                },
+                indent=2,
+            )
+        )
     else:
-        print(f"tree ({source}): " + " ".join(f"{a}-{b}" for a, b in sorted(tree.links)))
-        print(describe_plan(plan, trust, classes))
-    return 0
+        print(report.describe())
+    return 0 if report.ok else 1
+
+
+def planned_text(planned: PlannedRebuild) -> str:
+    """The tree a plan starts from, then the plan (:func:`describe_plan`)."""
+    tree = planned.plan.before
+    return (
+        f"tree ({planned.tree_from}): "
+        + " ".join(f"{a}-{b}" for a, b in sorted(tree.links))
+        + "\n"
+        + describe_plan(planned.plan, planned.trust, planned.classes)
+    )
 
 
 def describe_plan(plan: RebuildPlan, trust: Mapping[str, float], classes: DemandClasses) -> str:

@@ -675,6 +675,7 @@ RECONF_OPS = frozenset(
         "resume",
         "abort",
         "reply",
+        "move",  # an operator's request that a master run one given move (trellis rebuild)
     }
 )
 

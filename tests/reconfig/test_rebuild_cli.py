@@ -1,4 +1,4 @@
-"""``trellis trust show`` and ``trellis rebuild --dry-run`` on analytics outputs written as the
+"""``trellis trust show`` and ``trellis rebuild`` on analytics outputs written as the
 job writes them (Parquet tables with the reference's columns, summary.json)."""
 
 from __future__ import annotations
@@ -160,12 +160,15 @@ def test_rebuild_dry_run_moves_the_distrusted_vn_out_of_transit(
     assert plan["tree_from"].startswith("the tree it started as")
 
 
-def test_rebuild_without_dry_run_says_live_application_is_not_built(
+def test_rebuild_applies_nothing_to_an_overlay_that_is_not_running_and_says_why(
     outputs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     work = overlay_dir(tmp_path)
-    assert main(["rebuild", "--dir", str(work), "--from", str(outputs)]) == 2
-    assert "not implemented" in capsys.readouterr().err
+    assert main(["rebuild", "--dir", str(work), "--from", str(outputs)]) == 1
+    out = capsys.readouterr().out
+    assert "0/" in out
+    assert "nothing applied: the overlay's live tree is not the plan's starting tree" in out
+    assert not (work / "rebuild-state.json").exists()
 
 
 def test_rebuild_plans_from_the_live_links_of_a_running_overlay(
