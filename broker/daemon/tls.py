@@ -113,12 +113,20 @@ class BrokerTLS:
 
 class _Handshake(asyncio.Protocol):
     """Holds an accepted TCP connection through its server-side TLS handshake, then hands
-    the TLS transport to the real protocol. Bytes that arrive with the end of the
-    handshake, before the hand-over, are kept and passed on in order."""
+    the TLS transport to the real protocol.
+
+    Two kinds of early bytes are kept, each passed on in order: the client's first TLS
+    records when they arrive before ``start_tls`` took the transport over (uvloop starts
+    reading right after ``connection_made``, so pausing there is too late), and decrypted
+    bytes that arrive with the end of the handshake, before the hand-over.
+    """
 
     def __init__(self, tls: BrokerTLS, make: Callable[[], asyncio.Protocol]) -> None:
         self.tls = tls
         self.make = make
+        self.raw: asyncio.Transport | None = None
+        self.started = False
+        self.hello: list[bytes] = []
         self.target: asyncio.Protocol | None = None
         self.early: list[bytes] = []
         self.eof = False
@@ -126,16 +134,34 @@ class _Handshake(asyncio.Protocol):
         self.peer = "?"
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        raw = cast(asyncio.Transport, transport)
+        raw = self.raw = cast(asyncio.Transport, transport)
         peer = raw.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        raw.pause_reading()  # start_tls resumes it
         task = asyncio.get_running_loop().create_task(self._handshake(raw))
         self.tls.handshakes.add(task)
         task.add_done_callback(self.tls.handshakes.discard)
 
+    def _feed_hello(self, raw: asyncio.Transport) -> None:
+        """Give the TLS layer the records read before it took the transport over (runs
+        before it starts the handshake and before reading resumes)."""
+        # Both loops' TLS protocols are buffered protocols (uvloop's without subclassing).
+        protocol = cast(asyncio.BufferedProtocol, raw.get_protocol())
+        data = b"".join(self.hello)
+        self.hello.clear()
+        while data:
+            view = memoryview(protocol.get_buffer(len(data)))
+            size = min(len(view), len(data))
+            view[:size] = data[:size]
+            protocol.buffer_updated(size)
+            data = data[size:]
+
     async def _handshake(self, raw: asyncio.Transport) -> None:
         loop = asyncio.get_running_loop()
         try:
+            if self.hello:
+                loop.call_soon(self._feed_hello, raw)
+            self.started = True
             transport = await loop.start_tls(
                 raw,
                 self,
@@ -173,8 +199,12 @@ class _Handshake(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.target is not None:
             self.target.data_received(data)
-        else:
+        elif self.started:
             self.early.append(data)
+        else:
+            self.hello.append(data)
+            if self.raw is not None:
+                self.raw.pause_reading()
 
     def eof_received(self) -> bool | None:
         if self.target is not None:
