@@ -127,5 +127,5 @@ def describe_tls_error(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "TLS handshake timed out"
     if isinstance(exc, ConnectionResetError | BrokenPipeError):
-        return "connection reset during the TLS handshake"
+        return "the peer closed the connection during the TLS handshake (does it trust our CA?)"
     return str(exc) or type(exc).__name__
