@@ -35,6 +35,7 @@ TLS_CLIENT = "client"
 """With ``--tls``: the name of the client certificate issued beside the brokers'."""
 LOCK_FILE = ".trellis-up.lock"
 
+
 class ClientTLS(TypedDict, total=False):
     """The ``Client`` keyword arguments for TLS."""
 

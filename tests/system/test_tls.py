@@ -78,9 +78,10 @@ async def test_clients_without_a_valid_certificate_are_refused_and_others_served
             pass
     assert "presented none" in no_cert.value.message
 
+    foreign = _client(theirs, "mallory")
+    foreign["ca"] = ours / "ca.crt"
     with pytest.raises(TLSError, match="refused this client's certificate"):
-        foreign = _client(theirs, "mallory")
-        async with Client(endpoint, connect_timeout=5, **(foreign | {"ca": ours / "ca.crt"})):
+        async with Client(endpoint, connect_timeout=5, **foreign):
             pass
     line = _wait_for_log(broker, "TLS handshake with")
     assert "certificate not issued by the project CA" in line
