@@ -47,7 +47,12 @@ def add_ca_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     from broker.tools.cli import POSITIVE_INT
 
     p = sub.add_parser("ca", help="the project CA: create it, issue broker and client certificates")
-    verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    verbs = p.add_subparsers(
+        dest="verb",
+        required=True,
+        metavar="VERB",
+        help="init: create a CA; issue: a certificate for a broker or a client",
+    )
 
     init = verbs.add_parser("init", help="create a CA in a directory (ca.crt, ca.key)")
     init.add_argument("--dir", required=True, help="where ca.crt and ca.key go")
