@@ -42,10 +42,18 @@ def cmd_ca_issue(args: argparse.Namespace) -> int:
     return 0
 
 
+def _days(text: str) -> int:
+    try:
+        days = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of days, got {text!r}") from None
+    if days <= 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
+    return days
+
+
 def add_ca_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``trellis ca init|issue``."""
-    from broker.tools.cli import POSITIVE_INT
-
     p = sub.add_parser("ca", help="the project CA: create it, issue broker and client certificates")
     verbs = p.add_subparsers(
         dest="verb",
@@ -59,9 +67,7 @@ def add_ca_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     init.add_argument(
         "--name", default="Trellis project CA", help="the CA's name (default: %(default)s)"
     )
-    init.add_argument(
-        "--days", type=POSITIVE_INT, default=3650, help="validity (default: %(default)s)"
-    )
+    init.add_argument("--days", type=_days, default=3650, help="validity (default: %(default)s)")
     init.add_argument(
         "--key-type",
         choices=["ed25519", "ecdsa"],
@@ -97,8 +103,6 @@ def add_ca_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         default="ed25519",
         help="the kind of a new key (default: %(default)s)",
     )
-    iss.add_argument(
-        "--days", type=POSITIVE_INT, default=825, help="validity (default: %(default)s)"
-    )
+    iss.add_argument("--days", type=_days, default=825, help="validity (default: %(default)s)")
     iss.add_argument("--out", required=True, help="where NAME.crt, NAME.key and ca.crt go")
     iss.set_defaults(func=cmd_ca_issue)
