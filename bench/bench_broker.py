@@ -6,6 +6,7 @@ Usage::
     .venv/bin/python bench/bench_broker.py --quick    # 1 repeat
     .venv/bin/python bench/bench_broker.py --systems trellis,mosquitto,nats --repeat 3
     .venv/bin/python bench/bench_broker.py --write    # also append the medians to RESULTS-broker.md
+    .venv/bin/python bench/bench_broker.py --systems trellis --tls compare   # the cost of TLS
 
 For every system (trellis, mosquitto, amqtt, nats) and scenario (1→1, 1→10; 100-byte payloads)
 a run starts a fresh broker process, starts the subscriber processes and one publisher process
@@ -34,6 +35,10 @@ Python. The figure SPEC §10 sets against nats-server is the broker's CPU per de
 shape; and nats-py keeps the run free of a compiler step. A C client would raise nats's
 msg/s (as the C clients do for Mosquitto), so read the Trellis/nats msg/s ratio as
 "same-class clients", not as nats's ceiling.
+
+With ``--tls compare`` every Trellis run is followed by the same run over TLS ("trellis+tls":
+the broker's listener TLS-only, each client presenting a client certificate, all from a CA
+made for the run with ``security.ca``; Ed25519 keys, TLS 1.3), and a table gives the change.
 
 Every wait is bounded; every process a run starts is killed by PID when the run ends. Set
 ``BENCH_KEEP=1`` to keep each run's broker log and client outputs for inspection.
@@ -134,6 +139,19 @@ async def _stdin_reader() -> asyncio.StreamReader:
     return reader
 
 
+def _client_tls() -> dict[str, str]:
+    """The SDK's TLS arguments in a client process: from ``BENCH_TLS`` (a directory with
+    ca.crt, client.crt, client.key), none when it is unset."""
+    directory = os.environ.get("BENCH_TLS")
+    if not directory:
+        return {}
+    return {
+        "ca": f"{directory}/ca.crt",
+        "cert": f"{directory}/client.crt",
+        "key": f"{directory}/client.key",
+    }
+
+
 def _say(*words: object) -> None:
     sys.stdout.write(" ".join(str(w) for w in words) + "\n")
     sys.stdout.flush()
@@ -152,7 +170,12 @@ async def _trellis_sub(endpoint: str, count: int) -> None:
     got = 0
     last = 0.0
     ready = False
-    client = Client(endpoint, client_id=f"bench-sub-{os.getpid()}", queue_size=count + 10_000)
+    client = Client(
+        endpoint,
+        client_id=f"bench-sub-{os.getpid()}",
+        queue_size=count + 10_000,
+        **_client_tls(),  # type: ignore[arg-type]
+    )
     async with client, client.subscribe(FILTER) as sub:
 
         async def consume() -> None:
@@ -195,7 +218,8 @@ async def _trellis_pub(endpoint: str, count: int, size: int) -> None:
     stdin = await _stdin_reader()
     attrs = {"class": "bench"}
     payload = b"x" * size
-    async with Client(endpoint, client_id=f"bench-pub-{os.getpid()}") as client:
+    client = Client(endpoint, client_id=f"bench-pub-{os.getpid()}", **_client_tls())  # type: ignore[arg-type]
+    async with client:
         await client.advertise(FILTER)
         while line := await stdin.readline():
             command = line.strip()
@@ -771,6 +795,7 @@ def tables(summary: dict[tuple[str, str], Summary]) -> str:
                 f"| {rate_ratio:.2f}× | {_goal('≥', rate_goal, rate_ratio)} |"
             )
     lines += logging_table(summary)
+    lines += tls_table(summary)
     return "\n".join(lines)
 
 
@@ -830,15 +855,82 @@ LOGGED = "trellis+log"
 LOG_GOAL = 0.10  # at most 10% more broker CPU per delivery
 
 
-def _runs(systems: Sequence[str], traffic_log: str, scratch: Path) -> list[tuple[str, Path | None]]:
-    """(system, traffic-log directory or None) in the order to measure them: with
+# The cost of TLS (issue 16): Trellis run again with TLS on the listener and every client.
+TLS = "trellis+tls"
+
+
+def _runs(
+    systems: Sequence[str], traffic_log: str, scratch: Path, tls: str = "off"
+) -> list[tuple[str, Path | None, bool]]:
+    """(system, traffic-log directory or None, TLS on) in the order to measure them: with
     ``compare``, Trellis off then on back to back, so drifts of a shared machine hit both."""
-    runs: list[tuple[str, Path | None]] = []
+    runs: list[tuple[str, Path | None, bool]] = []
     for system in systems:
-        runs.append((system, None))
+        runs.append((system, None, False))
         if system == "trellis" and traffic_log == "compare":
-            runs.append((system, scratch / "traffic"))
+            runs.append((system, scratch / "traffic", False))
+        if system == "trellis" and tls == "compare":
+            runs.append((system, None, True))
     return runs
+
+
+def _make_pki(directory: Path) -> Path:
+    """A CA, a broker certificate (loopback names) and a client certificate for the runs."""
+    from security.ca import create_ca, issue, write_issued
+
+    ca = create_ca("bench CA")
+    write_issued(issue(ca, "bench", "broker"), ca, directory, "bench")
+    write_issued(issue(ca, "client", "client"), ca, directory, "client")
+    return directory
+
+
+@contextlib.contextmanager
+def _tls(directory: Path | None) -> Iterator[None]:
+    """Brokers and clients started inside speak TLS with the files in ``directory``."""
+    names = {
+        "TRELLIS_TLS_CA": "ca.crt",
+        "TRELLIS_TLS_CERT": "bench.crt",
+        "TRELLIS_TLS_KEY": "bench.key",
+    }
+    saved = {key: os.environ.get(key) for key in [*names, "BENCH_TLS"]}
+    if directory is not None:
+        for key, name in names.items():
+            os.environ[key] = str(directory / name)
+        os.environ["BENCH_TLS"] = str(directory)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def tls_table(summary: dict[tuple[str, str], Summary]) -> list[str]:
+    """TLS on vs off per scenario (empty without ``--tls compare`` runs)."""
+    lines = []
+    for scenario in SCENARIOS:
+        off, on = summary.get(("trellis", scenario)), summary.get((TLS, scenario))
+        if off is None or on is None:
+            continue
+        cpu = on.broker_us / off.broker_us - 1
+        rate = on.rate / off.rate - 1 if off.rate else float("nan")
+        pub = on.pub_us / off.pub_us - 1 if off.pub_us > 0 else float("nan")
+        lines.append(
+            f"| {scenario} | {off.broker_us:.2f} → {on.broker_us:.2f} | {cpu:+.0%} "
+            f"| {off.rate:,.0f} → {on.rate:,.0f} | {rate:+.0%} "
+            f"| {_fmt(off.pub_us)} → {_fmt(on.pub_us)} | {pub:+.0%} |"
+        )
+    if not lines:
+        return []
+    return [
+        "",
+        "| scenario | broker CPU µs/delivery, TLS off → on (medians) | change "
+        "| delivered msg/s off → on | change | publisher CPU µs/msg off → on | change |",
+        "|---|---|---|---|---|---|---|",
+        *lines,
+    ]
 
 
 @contextlib.contextmanager
@@ -900,6 +992,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="off",
         help="compare: run Trellis with traffic logging off, then on (as 'trellis+log')",
     )
+    parser.add_argument(
+        "--tls",
+        choices=("off", "compare"),
+        default="off",
+        help="compare: run Trellis in plaintext, then over TLS (as 'trellis+tls')",
+    )
     args = parser.parse_args(argv)
     repeat = args.repeat or (1 if args.quick else 3)
     systems = [s for s in args.systems.split(",") if s]
@@ -925,19 +1023,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         for rep in range(repeat):
             for scenario in scenarios:
                 n_subs = SCENARIOS[scenario]
-                for system, traffic in _runs(systems, args.traffic_log, scratch):
+                for system, traffic, tls in _runs(systems, args.traffic_log, scratch, args.tls):
                     count = max(1, int(COUNTS[system, n_subs] * args.scale))
+                    pki = scratch / "pki"
+                    if tls and not pki.exists():
+                        _make_pki(pki)
                     try:
-                        with _traffic_log(traffic):
+                        with _traffic_log(traffic), _tls(pki if tls else None):
                             r = measure(system, scenario, n_subs, count, scratch)
                     except Exception as exc:
-                        print(f"[{rep + 1}/{repeat}] {system} {scenario}: FAILED: {exc!r}")
+                        name = TLS if tls else system
+                        print(f"[{rep + 1}/{repeat}] {name} {scenario}: FAILED: {exc!r}")
                         continue
                     if traffic is not None:
                         r = replace(r, system=LOGGED)
+                    if tls:
+                        r = replace(r, system=TLS)
                     results.append(r)
                     print(
-                        f"[{rep + 1}/{repeat}] {r.system:9} {scenario:5} {r.deliveries:>7}/"
+                        f"[{rep + 1}/{repeat}] {r.system:11} {scenario:5} {r.deliveries:>7}/"
                         f"{r.expected:<7} in {r.seconds:6.3f} s  {r.rate:>9,.0f} msg/s  "
                         f"broker {r.broker_us:7.2f} µs/dlv  pub {r.pub_us:6.1f} µs/msg  "
                         f"subs {r.sub_us:6.1f} µs/dlv {r.note}",

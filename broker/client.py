@@ -24,6 +24,7 @@ import itertools
 import logging
 import random
 import socket
+import ssl
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from types import TracebackType
-from typing import Self, cast
+from typing import Any, Self, cast
 
 from broker.errors import (
     ERRORS_BY_CODE,
@@ -40,6 +41,7 @@ from broker.errors import (
     PayloadTooLarge,
     ProtocolError,
     SlowConsumerError,
+    TLSError,
     TrellisError,
     TrellisTimeout,
 )
@@ -80,6 +82,7 @@ from security.propagation import (
     unpack_record,
 )
 from security.publication import EpochKey, SecBlock, publication_id
+from security.tls import client_context, describe_tls_error
 
 __all__ = ["Client", "Delivery", "Status", "Subscription", "parse_endpoint"]
 
@@ -163,12 +166,14 @@ class _Link(asyncio.Protocol):
         self.fatal: TrellisError | None = None
         self.out: list[bytes] = []
         self.out_bytes = 0
+        self.heard = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        self.heard = True
         try:
             for msg in self.decoder.feed(data):
                 self.client._on_message(self, msg)
@@ -184,12 +189,25 @@ class _Link(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.can_write.set()
         if not self.welcome.done():
-            self.welcome.set_exception(
-                self.fatal or ConnectionLost(f"connection closed during handshake ({exc or 'EOF'})")
-            )
+            self.welcome.set_exception(self.fatal or self._handshake_lost(exc))
         if not self.lost.done():
             self.lost.set_result(exc)
         self.client._on_lost(self)
+
+    def _handshake_lost(self, exc: Exception | None) -> TrellisError:
+        host, port = self.client.endpoints[self.index]
+        if self.client.tls is not None and not self.heard:
+            # TLS 1.3 ends the client's handshake before the broker checks the client's
+            # certificate; a broker that refuses it can only close the connection.
+            given = "a certificate" if self.client.tls_cert else "no certificate"
+            return TLSError(
+                f"broker at {host}:{port} refused this client's certificate (it closed the "
+                f"connection right after the TLS handshake; {given} was presented; the "
+                f"broker's log says which check failed)",
+                f"{host}:{port}",
+            )
+        hint = "" if self.heard or self.client.tls else "; a broker that speaks TLS only needs ca="
+        return ConnectionLost(f"connection closed during handshake ({exc or 'EOF'}){hint}")
 
     def pause_writing(self) -> None:
         self.can_write.clear()
@@ -449,6 +467,14 @@ class Client:
         copy_patience: seconds a publication fewer than ``f + 1`` replicas delivered may
             hold back later ones that ``f + 1`` replicas agreed on (while a new subscription
             reaches every replica) before it is given up.
+        ca: the project CA's certificate (PEM): connect over TLS and trust brokers whose
+            certificate it issued for the host name dialled. Plaintext when None.
+        cert: this client's certificate (PEM, ``trellis ca issue --client``), for brokers
+            that require one; with ``key``.
+        key: the private key of ``cert``.
+
+    Raises:
+        InvalidRequest: no endpoint, or a TLS file is missing or does not match.
     """
 
     def __init__(
@@ -467,10 +493,21 @@ class Client:
         key_refresh: int = 1,
         key_refresh_seconds: float | None = None,
         copy_patience: float = 1.0,
+        ca: str | Path | None = None,
+        cert: str | Path | None = None,
+        key: str | Path | None = None,
     ) -> None:
         eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not eps:
             raise InvalidRequest("at least one endpoint is needed")
+        if ca is None and (cert is not None or key is not None):
+            raise InvalidRequest("a client certificate needs the CA too (ca=): TLS trusts it")
+        self.tls_cert = cert
+        self.tls: ssl.SSLContext | None = None
+        if ca is not None:
+            self.tls = client_context(
+                Path(ca), Path(cert) if cert else None, Path(key) if key else None
+            )
         self.endpoints = [parse_endpoint(e) for e in eps]
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
         self.connect_timeout = connect_timeout
@@ -488,6 +525,7 @@ class Client:
         self.alternatives = False
         self._failures: dict[int, tuple[bool, str]] = {}  # index -> (final, reason)
         self._hopeless = asyncio.Event()
+        self._tls_failures: set[int] = set()
         self._status = Status.DISCONNECTED
         self._links: dict[int, _Link] = {}
         # Links past WELCOME whose restore is under way: they get every routing request
@@ -568,6 +606,7 @@ class Client:
         self._status = Status.CONNECTING
         self._stopping = False
         self._failures.clear()
+        self._tls_failures.clear()
         self._hopeless.clear()
         self._supervisors = [
             asyncio.create_task(self._supervise(i), name=f"trellis-{self.client_id}-{i}")
@@ -588,6 +627,8 @@ class Client:
         hopeless = self._hopeless.is_set()
         await self._stop_supervisors()
         self._status = Status.DISCONNECTED
+        if hopeless and all(i in self._tls_failures for i in range(len(self.endpoints))):
+            raise TLSError(f"could not connect to {reasons}")
         if hopeless:
             raise ConnectionLost(f"could not connect to {reasons}")
         raise TrellisTimeout(f"could not connect to {reasons} within {self.connect_timeout:g} s")
@@ -882,7 +923,16 @@ class Client:
     async def _open(self, index: int) -> _Link:
         host, port = self.endpoints[index]
         loop = asyncio.get_running_loop()
-        _, link = await loop.create_connection(lambda: _Link(self, index), host, port)
+        tls: dict[str, Any] = {}
+        if self.tls is not None:
+            tls = {"ssl": self.tls, "ssl_handshake_timeout": self.connect_timeout}
+        try:
+            _, link = await loop.create_connection(lambda: _Link(self, index), host, port, **tls)
+        except ssl.SSLError as exc:
+            raise TLSError(
+                f"TLS with the broker at {host}:{port} failed: {describe_tls_error(exc)}",
+                f"{host}:{port}",
+            ) from None
         try:
             link.send(Hello(PROTOCOL_VERSION, Role.CLIENT, self.client_id, {}))
             welcome = await link.welcome
@@ -975,6 +1025,8 @@ class Client:
         """Note why an endpoint failed; give up the first connect once none can succeed."""
         if isinstance(exc, ConnectionRefusedError):
             final, reason = True, "connection refused"
+        elif isinstance(exc, TLSError):
+            final, reason = True, exc.message
         elif isinstance(exc, socket.gaierror) and exc.errno in _UNKNOWN_HOST:
             final, reason = True, "unknown host"
         elif isinstance(exc, TimeoutError):
@@ -982,6 +1034,10 @@ class Client:
         else:
             final, reason = False, str(exc) or type(exc).__name__
         self._failures[index] = (final, reason)
+        if isinstance(exc, TLSError):
+            self._tls_failures.add(index)
+        else:
+            self._tls_failures.discard(index)
         if (
             self._status is Status.CONNECTING
             and not self._links
@@ -1018,6 +1074,7 @@ class Client:
                 self._connect_failed(index, exc)
                 continue
             self._failures.pop(index, None)
+            self._tls_failures.discard(index)
             if self._active_alternative(index) is not None:
                 link.close()  # another alternative answered first
                 continue

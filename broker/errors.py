@@ -28,6 +28,7 @@ __all__ = [
     "PayloadTooLarge",
     "ProtocolError",
     "SlowConsumerError",
+    "TLSError",
     "TrellisError",
     "TrellisTimeout",
 ]
@@ -84,6 +85,22 @@ class SlowConsumerError(TrellisError):
         self.dropped = dropped
 
 
+class TLSError(NotAuthorized):
+    """A TLS connection was refused: the broker's certificate is not trusted, or the broker
+    refused this side's certificate (none, another CA's, the wrong name). Retrying with the
+    same files cannot help.
+
+    Attributes:
+        endpoint: the ``host:port`` it happened at ('' when the broker reported it).
+    """
+
+    code = "tls"
+
+    def __init__(self, message: str, endpoint: str = "") -> None:
+        super().__init__(message)
+        self.endpoint = endpoint
+
+
 ERRORS_BY_CODE: dict[str, type[TrellisError]] = {
     cls.code: cls
     for cls in (
@@ -98,5 +115,6 @@ ERRORS_BY_CODE: dict[str, type[TrellisError]] = {
         TrellisTimeout,
         SlowConsumerError,
         IntegrityError,
+        TLSError,
     )
 }

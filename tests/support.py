@@ -85,8 +85,10 @@ async def exact_exchange(
     subscriber on every replica of the last VN collects what it is delivered until it has
     everything or ``wait`` seconds pass without a delivery, then half a second more."""
     vns = sorted(overlay.tree.brokers)
-    pub = Client(overlay.endpoints(vns[0]), client_id=publisher_id)
-    sub_client = Client(overlay.endpoints(vns[-1]), manifest=overlay.manifest)
+    pub = Client(overlay.endpoints(vns[0]), client_id=publisher_id, **overlay.client_tls())
+    sub_client = Client(
+        overlay.endpoints(vns[-1]), manifest=overlay.manifest, **overlay.client_tls()
+    )
     flt = f"class = 'exact' and publisher = '{publisher_id}'"
     sent: list[tuple[int, bytes]] = []
     received: list[tuple[int, bytes]] = []

@@ -14,7 +14,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    FilePath,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from broker.errors import TrellisError
 from broker.wire.protocol import DEFAULT_MAX_FRAME
@@ -204,6 +212,41 @@ class BrokerConfig(BaseModel):
     link_backoff_max: float = Field(
         2.0, gt=0, description="largest pause between attempts to (re)open a broker link"
     )
+    tls_cert: FilePath | None = Field(
+        None,
+        description="this broker's certificate (PEM, from trellis ca issue --broker); with "
+        "tls_key and tls_ca the listener speaks TLS only and broker links are mutual TLS",
+    )
+    tls_key: FilePath | None = Field(None, description="the private key of tls_cert (PEM)")
+    tls_ca: FilePath | None = Field(
+        None,
+        description="the project CA's certificate: peer brokers (and clients, unless "
+        "tls_client_cert is 'optional') must present a certificate it issued",
+    )
+    tls_client_cert: Literal["required", "optional"] = Field(
+        "required",
+        description="whether clients must present a certificate from tls_ca (brokers always "
+        "must, naming their own id)",
+    )
+    tls_handshake_timeout: float = Field(
+        5.0, gt=0, description="seconds a TLS handshake may take before the connection is closed"
+    )
+
+    @model_validator(mode="after")
+    def _tls_complete(self) -> BrokerConfig:
+        given = {"tls_cert": self.tls_cert, "tls_key": self.tls_key, "tls_ca": self.tls_ca}
+        missing = [name for name, value in given.items() if value is None]
+        if missing and len(missing) < len(given):
+            raise ValueError(
+                "tls_cert, tls_key and tls_ca go together (TLS needs all three); missing "
+                + ", ".join(missing)
+            )
+        return self
+
+    @property
+    def tls(self) -> bool:
+        """Whether the broker speaks TLS (its listener and its links)."""
+        return self.tls_cert is not None
 
 
 def vn_of(config: BrokerConfig) -> str:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import ssl
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, cast
@@ -42,7 +43,9 @@ from broker.daemon.links import LinkStates, load_saved_links, save_links
 from broker.daemon.reconfig_agent import Tables
 from broker.daemon.reconfig_faults import reconfig_agent
 from broker.daemon.stats import BrokerStats
+from broker.daemon.tls import BrokerTLS
 from broker.daemon.waves import RoutingWaves
+from broker.errors import TLSError
 from broker.language.filters import Filter
 from broker.routing.router import Owned, Router
 from broker.wire.protocol import (
@@ -72,6 +75,7 @@ from broker.wire.protocol import (
 )
 from reconfig.live import Reply, RoundStats
 from security.errors import InvalidRequest, NotAuthorized, ProtocolError, TrellisError
+from security.tls import describe_tls_error
 
 log = logging.getLogger("trellis.broker")
 proto_log = logging.getLogger("trellis.protocol")
@@ -430,6 +434,7 @@ class Broker:
         self.forwarder = build_forwarding(config, self.vn, self.router, self.stats, self.neighbours)
         self.shares = self.forwarder.shares
         self.reconfig = reconfig_agent(self, config)
+        self.tls = BrokerTLS(config) if config.tls else None
 
     def save_links(self) -> None:
         """Record the current neighbours in ``links_file`` (blocking: call off the loop)."""
@@ -549,6 +554,11 @@ class Broker:
             raise ProtocolError(
                 f"unsupported protocol version {msg.version}; this broker speaks {PROTOCOL_VERSION}"
             )
+        if self.tls is not None and conn.transport is not None:
+            if msg.role is Role.BROKER:
+                self.tls.check_broker(conn.transport, msg.id)
+            else:
+                self.tls.check_client(conn.transport, msg.id)
         if msg.role is Role.BROKER and msg.options.get("control"):
             if msg.id not in self.directory and msg.id != self.config.id:
                 raise NotAuthorized(f"unknown broker '{msg.id}': not a peer of '{self.config.id}'")
@@ -819,6 +829,15 @@ class Broker:
                     conn.send(Ping(int(now)))
             self.flush()
 
+    def link_tls(self) -> dict[str, Any]:
+        """``create_connection`` arguments for dialling a broker: mutual TLS when on."""
+        if self.tls is None:
+            return {}
+        return {
+            "ssl": self.tls.link,
+            "ssl_handshake_timeout": self.config.tls_handshake_timeout,
+        }
+
     async def maintain_link(self, neighbour: NeighbourConfig) -> None:
         """Keep the link to a neighbour this broker dials open, with jittered backoff."""
         host, _, port = neighbour.endpoint.rpartition(":")
@@ -830,8 +849,17 @@ class Broker:
             try:
                 async with asyncio.timeout(self.config.hello_timeout):
                     _, conn = await loop.create_connection(
-                        lambda: Connection(self, dial_peer=neighbour.id), host, int(port)
+                        lambda: Connection(self, dial_peer=neighbour.id),
+                        host,
+                        int(port),
+                        **self.link_tls(),
                     )
+                if self.tls is not None and conn.transport is not None:
+                    try:
+                        self.tls.check_broker(conn.transport, neighbour.id)
+                    except TrellisError:
+                        conn.close()
+                        raise
                 conn.send(Hello(PROTOCOL_VERSION, Role.BROKER, self.config.id, {}))
                 self.flush()
                 async with asyncio.timeout(self.config.hello_timeout):
@@ -847,6 +875,8 @@ class Broker:
                 failing_since = warned_at = None
                 await conn.closed
             except (OSError, TrellisError, TimeoutError) as exc:
+                if isinstance(exc, ssl.SSLError | TLSError):
+                    exc = TLSError(f"TLS: {describe_tls_error(exc)}")
                 link_log.debug("link %s-%s: %s", self.config.id, neighbour.id, exc)
                 # Warn once the failure outlasts a start-up race, then at most every
                 # _LINK_WARN_EVERY seconds: not at every backoff attempt.

@@ -133,7 +133,9 @@ from reconfig.live import (
     vouch_quorum,
 )
 from reconfig.ocbr import OcbrPlan, TabuParams, plan_view
+from security.ca import Identity
 from security.errors import InvalidRequest, ProtocolError, TrellisError
+from security.tls import peer_identity
 
 log = logging.getLogger("trellis.reconfig")
 
@@ -189,6 +191,9 @@ class Neighbourhood(Protocol):
     def dial(self, peers: Sequence[NeighbourConfig]) -> None:
         """Start keeping links to ``peers`` open (from the side that dials)."""
 
+    def link_tls(self) -> dict[str, Any]:
+        """``open_connection`` arguments for a connection to another broker (TLS if on)."""
+
     def freeze(self, hood: set[str]) -> None: ...
 
     def unfreeze(self) -> None: ...
@@ -220,17 +225,28 @@ class Neighbourhood(Protocol):
 class ControlChannel:
     """A coordinator's control connection to one member broker: request, then reply."""
 
-    def __init__(self, me: str, peer: str, endpoint: str) -> None:
+    def __init__(
+        self, me: str, peer: str, endpoint: str, tls: Mapping[str, Any] | None = None
+    ) -> None:
         self.me = me
         self.peer = peer
         self.endpoint = endpoint
+        self.tls = dict(tls or {})
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
     async def open(self, timeout: float) -> None:
         host, _, port = self.endpoint.rpartition(":")
         async with asyncio.timeout(timeout):
-            self.reader, self.writer = await asyncio.open_connection(host, int(port))
+            self.reader, self.writer = await asyncio.open_connection(host, int(port), **self.tls)
+            if self.tls:
+                identity = peer_identity(self.writer.get_extra_info("peercert"))
+                if identity != Identity("broker", self.peer):
+                    self.writer.close()
+                    raise ProtocolError(
+                        f"the broker at {self.endpoint} presented the certificate of "
+                        f"{identity or 'nobody'}, not of broker '{self.peer}'"
+                    )
             self.writer.write(
                 encode(Hello(PROTOCOL_VERSION, Role.BROKER, self.me, {"control": True}))
             )
@@ -377,7 +393,9 @@ class ReconfigAgent:
         members = sorted(p for p, n in h.directory.items() if n.vn_id in hood)
         step_timeout = self.settings.step_timeout
         for peer in members:
-            channels.append(ControlChannel(h.broker_id, peer, h.directory[peer].endpoint))
+            channels.append(
+                ControlChannel(h.broker_id, peer, h.directory[peer].endpoint, h.link_tls())
+            )
         opened = await asyncio.gather(
             *(c.open(step_timeout) for c in channels), return_exceptions=True
         )
@@ -522,7 +540,7 @@ class ReconfigAgent:
         h = self.hood
         siblings = [n for n in h.directory.values() if n.vn_id == h.vn and n.replica < h.replica]
         for sibling in siblings:
-            channel = ControlChannel(h.broker_id, sibling.id, sibling.endpoint)
+            channel = ControlChannel(h.broker_id, sibling.id, sibling.endpoint, h.link_tls())
             try:
                 await channel.open(0.5)
             except (OSError, TrellisError, TimeoutError, asyncio.IncompleteReadError):

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,15 +65,25 @@ class Server:
                 loop.remove_signal_handler(sig)
 
     async def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
+        factory: Callable[[], asyncio.Protocol] = lambda: Connection(self.broker)  # noqa: E731
+        tls = self.broker.tls
+        if tls is not None:
+            factory = tls.acceptor(factory)
         server = await loop.create_server(
-            lambda: Connection(self.broker), self.config.host, self.config.port, reuse_address=True
+            factory, self.config.host, self.config.port, reuse_address=True
         )
         self.port = server.sockets[0].getsockname()[1]
         admin = None
         if self.config.admin_port is not None:
             admin = await start_admin(self.broker, self.config.host, self.config.admin_port)
             self.admin_port = admin.sockets[0].getsockname()[1]
-        log.info("broker %s listening on %s:%d", self.config.id, self.config.host, self.port)
+        log.info(
+            "broker %s listening on %s:%d%s",
+            self.config.id,
+            self.config.host,
+            self.port,
+            " (TLS)" if tls is not None else "",
+        )
         if self.config.vn_size == 1:
             # A plain broker is the common case, not an alarm: say what it means, once.
             log.info(
@@ -101,6 +112,8 @@ class Server:
             await self._stop.wait()
             log.info("broker %s shutting down", self.config.id)
             server.close()
+            if tls is not None:
+                tls.close()
             for task in background:
                 task.cancel()
             for peer_id in list(self.broker.dialers):

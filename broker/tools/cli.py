@@ -113,6 +113,30 @@ def _listen_error(exc: OSError, host: str, port: int) -> str:
 # -- pub / sub --------------------------------------------------------------------------
 
 
+def add_tls_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--ca``, ``--cert``, ``--key``: TLS for a command that connects to brokers."""
+    parser.add_argument(
+        "--ca", help="the project CA's certificate (ca.crt): connect over TLS (default: plaintext)"
+    )
+    parser.add_argument(
+        "--cert", help="this client's certificate (trellis ca issue --client), with --key"
+    )
+    parser.add_argument("--key", help="the private key of --cert")
+
+
+def tls_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The SDK's TLS arguments from ``--ca``/``--cert``/``--key``.
+
+    Raises:
+        UsageError: --cert without --key (or the reverse), or either without --ca.
+    """
+    if (args.cert is None) != (args.key is None):
+        raise UsageError("--cert and --key go together (a certificate and its private key)")
+    if args.cert is not None and args.ca is None:
+        raise UsageError("--cert needs --ca too: the CA that issued the brokers' certificates")
+    return {"ca": args.ca, "cert": args.cert, "key": args.key}
+
+
 def delivery_json(msg: Delivery) -> str:
     """One JSON object per delivery; payload as text when it is UTF-8, else base64."""
     import base64
@@ -175,7 +199,10 @@ async def _pub(args: argparse.Namespace) -> int:
     payload = args.payload.encode("utf-8")
     interval = 1.0 / args.rate if args.rate else 0.0
     client = Client(
-        args.endpoint.split(","), client_id=args.client_id, key_refresh=args.key_refresh
+        args.endpoint.split(","),
+        client_id=args.client_id,
+        key_refresh=args.key_refresh,
+        **tls_options(args),
     )
     async with client:
         await client.advertise(args.advertise or advertisement_for(attrs))
@@ -222,7 +249,12 @@ async def _sub(args: argparse.Namespace) -> int:
     if args.manifest is None:
         logging.getLogger("trellis.client").addFilter(_NoManifestHint())
     received = 0
-    client = Client(args.endpoint.split(","), client_id=args.client_id, manifest=args.manifest)
+    client = Client(
+        args.endpoint.split(","),
+        client_id=args.client_id,
+        manifest=args.manifest,
+        **tls_options(args),
+    )
     try:
         async with client, client.subscribe(args.filter) as sub:
             print(f"subscribed to {args.filter} at {args.endpoint}", file=sys.stderr, flush=True)
@@ -368,6 +400,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             replicas=replicas,
             overrides=overrides,
             progress=_up_progress,
+            tls=args.tls,
         )
     except KeyboardInterrupt:
         print("\ntrellis up: interrupted; stopped every broker it had started", file=sys.stderr)
@@ -709,6 +742,7 @@ def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
         default=1,
         help="confidential messages per content key (default: %(default)s)",
     )
+    add_tls_arguments(p)
     p.set_defaults(func=cmd_pub)
 
     p = sub.add_parser("sub", help="subscribe and print deliveries")
@@ -733,6 +767,7 @@ def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
     p.add_argument(
         "--ready-file", help="write a line here once the subscription is active (default: none)"
     )
+    add_tls_arguments(p)
     p.set_defaults(func=cmd_sub)
 
     p = sub.add_parser("up", help="start a local overlay of broker processes")
@@ -766,6 +801,11 @@ def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--dir", required=True, help="where configs, logs and overlay.json go")
     p.add_argument("--no-covering", action="store_true", help="disable subscription covering")
     p.add_argument("--reconfig", action="store_true", help="brokers rearrange the tree (OCBR)")
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        help="brokers speak TLS only: a CA and certificates in DIR/tls (default: plaintext)",
+    )
     p.add_argument(
         "--reconfig-interval",
         type=POSITIVE_FLOAT,
@@ -848,6 +888,9 @@ def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_demo)
 
+    from broker.tools.ca_cli import add_ca_parser
+
+    add_ca_parser(sub)
     add_pst_parser(sub, real=pst)
     add_analytics_parser(sub)
     from broker.tools.trust_cli import add_rebuild_parser, add_trust_parser

@@ -21,7 +21,7 @@ import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from broker.errors import TrellisError
 from broker.tools.launcher import BrokerProcess, start_broker
@@ -30,7 +30,19 @@ from overlay.tree import Link, TopologyError, Tree, link
 from security.envelope import generate_signing_key, private_key_to_bytes, public_key_to_bytes
 
 OVERLAY_FILE = "overlay.json"
+TLS_DIR = "tls"
+TLS_CLIENT = "client"
+"""With ``--tls``: the name of the client certificate issued beside the brokers'."""
 LOCK_FILE = ".trellis-up.lock"
+
+
+class ClientTLS(TypedDict, total=False):
+    """The ``Client`` keyword arguments for TLS."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
 
 # Called after each broker of an overlay is up: (broker id, how many are up, how many in all).
 Progress = Callable[[str, int, int], None]
@@ -137,6 +149,8 @@ class LocalOverlay:
     # Brokers spawned but not yet ready (id -> pid), so that overlay.json names every
     # process of the overlay at every moment.
     starting: dict[str, int] = field(default_factory=dict)
+    # Brokers speak TLS only, with certificates from a CA in ``workdir/tls``.
+    tls: bool = False
 
     def replicas_of(self, vn: str) -> list[str]:
         return replica_ids(vn, self.replicas.get(vn, 1))
@@ -192,6 +206,7 @@ class LocalOverlay:
         return {
             "admin_port": 0,
             **self.settings,
+            **self.tls_settings(broker_id),
             **extra,
             "manifest": str(self.manifest_path),
             "key_file": str(self.workdir / f"{broker_id}.key"),
@@ -202,6 +217,42 @@ class LocalOverlay:
             "neighbours": neighbours,
             "peers": peers,
         }
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.workdir / TLS_DIR
+
+    def tls_settings(self, broker_id: str) -> dict[str, str]:
+        """A broker's ``tls_*`` settings (none without TLS)."""
+        if not self.tls:
+            return {}
+        return {
+            "tls_ca": str(self.tls_dir / "ca.crt"),
+            "tls_cert": str(self.tls_dir / f"{broker_id}.crt"),
+            "tls_key": str(self.tls_dir / f"{broker_id}.key"),
+        }
+
+    def client_tls(self) -> ClientTLS:
+        """The SDK's TLS arguments for a client of this overlay (none without TLS)."""
+        if not self.tls:
+            return {}
+        return {
+            "ca": self.tls_dir / "ca.crt",
+            "cert": self.tls_dir / f"{TLS_CLIENT}.crt",
+            "key": self.tls_dir / f"{TLS_CLIENT}.key",
+        }
+
+    def write_certificates(self) -> None:
+        """A CA in ``workdir/tls``, a certificate for each broker's own Ed25519 key (its
+        manifest identity) and one client certificate."""
+        from security.ca import create_ca, issue, load_private_key, save_ca, write_issued
+
+        ca = create_ca(f"Trellis local overlay CA ({self.workdir.name})")
+        save_ca(ca, self.tls_dir, force=True)
+        for broker_id in self.broker_ids:
+            key = load_private_key(self.workdir / f"{broker_id}.key")
+            write_issued(issue(ca, broker_id, "broker", key=key), ca, self.tls_dir, broker_id)
+        write_issued(issue(ca, TLS_CLIENT, "client"), ca, self.tls_dir, TLS_CLIENT)
 
     @property
     def manifest_path(self) -> Path:
@@ -326,6 +377,7 @@ class LocalOverlay:
             "links": [sorted(link) for link in sorted(self.tree.links)],
             "vns": {vn: self.replicas_of(vn) for vn in sorted(self.tree.brokers)},
             "reconfig": bool(self.settings.get("reconfig", {}).get("enabled", False)),
+            **({"tls": {k: str(v) for k, v in self.client_tls().items()}} if self.tls else {}),
         }
 
     def save(self) -> None:
@@ -344,12 +396,15 @@ def start_overlay(
     replicas: dict[str, int] | None = None,
     overrides: dict[str, dict[str, Any]] | None = None,
     progress: Progress | None = None,
+    tls: bool = False,
 ) -> LocalOverlay:
     """Start the broker processes of every VN of ``tree``, linked as the tree says.
 
     Refuses a directory whose overlay is running (or being started). If the start fails or
     is interrupted (KeyboardInterrupt, or SIGTERM made one by the caller), every broker it
-    spawned is stopped before the exception goes on.
+    spawned is stopped before the exception goes on. With ``tls``, the brokers speak TLS
+    only, with certificates from a CA created in ``workdir/tls`` (see
+    :meth:`LocalOverlay.client_tls`).
     """
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -366,6 +421,7 @@ def start_overlay(
             settings=dict(settings or {}),
             replicas=dict(replicas or {}),
             overrides=dict(overrides or {}),
+            tls=tls,
         )
         names = overlay.broker_ids
         unknown = sorted(set(overlay.overrides) - set(names))
@@ -376,6 +432,8 @@ def start_overlay(
             )
         overlay.ports = dict(zip(names, free_ports(len(names)), strict=True))
         overlay.write_keys()
+        if tls:
+            overlay.write_certificates()
         for name in names:  # a new overlay starts as its tree says, not as an earlier one ended
             (workdir / f"{name}.links.json").unlink(missing_ok=True)
         overlay.save()
