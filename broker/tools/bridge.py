@@ -73,6 +73,9 @@ _CONFIG_KEYS = {
     "queue_size",
     "session_expiry",
     "window",
+    "ca",
+    "cert",
+    "key",
 }
 
 
@@ -109,6 +112,10 @@ class BridgeConfig:
     session_expiry: int = 3600
     window: int = 4096
     ready_file: Path | None = None
+    # TLS toward the overlay (see README, TLS): the CA, and a client certificate and key.
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> BridgeConfig:
@@ -151,6 +158,11 @@ class BridgeConfig:
             raise InvalidRequest("nothing to bridge: give at least one --map or --out")
         host, port = parse_mqtt_url(str(url))
         endpoints = [e.strip() for e in str(endpoint).split(",") if e.strip()]
+        ca, cert, key = pick("ca"), pick("cert"), pick("key")
+        if (cert is None) != (key is None):
+            raise InvalidRequest(f"cert and key go together, a certificate and its key ({where})")
+        if cert is not None and ca is None:
+            raise InvalidRequest(f"cert needs ca too: the CA of the brokers' certs ({where})")
         qos = int(pick("qos", 1))
         if qos not in (0, 1):
             raise InvalidRequest(f"qos must be 0 or 1, got {qos} ({where})")
@@ -167,6 +179,9 @@ class BridgeConfig:
             session_expiry=int(pick("session_expiry", 3600)),
             window=int(pick("window", 4096)),
             ready_file=Path(args.ready_file) if args.ready_file else None,
+            ca=None if ca is None else str(ca),
+            cert=None if cert is None else str(cert),
+            key=None if key is None else str(key),
         )
 
 
@@ -245,6 +260,9 @@ class MqttBridge:
             # Continue above any earlier run under this id: brokers and subscribers drop
             # a (publisher, seq) they have seen.
             first_seq=time.time_ns() // 1000,
+            ca=self.config.ca,
+            cert=self.config.cert,
+            key=self.config.key,
         )
         if not await self._connect_overlay(overlay):
             return self.stats
@@ -665,6 +683,9 @@ def add_bridge_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         "--window", type=int, help="recent messages remembered to drop redeliveries (default: 4096)"
     )
     p.add_argument("--ready-file", help="written once both sides are up (default: none)")
+    from broker.tools.cli import add_tls_arguments
+
+    add_tls_arguments(p)
     p.add_argument(
         "--log-level",
         choices=["debug", "info", "warning", "error"],

@@ -556,3 +556,42 @@ async def test_messages_queued_while_the_bridge_was_down_are_bridged_once_after_
         bridge.kill()
         if restarted is not None:
             restarted.kill()
+
+
+async def test_bridge_reaches_a_tls_only_overlay_with_a_client_certificate(
+    tmp_path: Path, mosquitto: Mosquitto, run_broker: Callable[..., BrokerProcess]
+) -> None:
+    from security.ca import create_ca, issue, save_ca, write_issued
+
+    pki = tmp_path / "pki"
+    ca = create_ca("bridge test CA")
+    save_ca(ca, pki)
+    for name, role in (("b1", "broker"), ("bridge", "client"), ("reader", "client")):
+        write_issued(issue(ca, name, role), ca, pki, name)  # type: ignore[arg-type]
+    broker = run_broker(
+        "b1", tls_ca=str(pki / "ca.crt"), tls_cert=str(pki / "b1.crt"), tls_key=str(pki / "b1.key")
+    )
+    tls = {"ca": pki / "ca.crt", "cert": pki / "reader.crt", "key": pki / "reader.key"}
+    async with (
+        Client(broker.endpoint, client_id="reader", **tls) as reader,  # type: ignore[arg-type]
+        reader.subscribe("class = 'sensors'") as sensors,
+    ):
+        bridge = Bridge(
+            tmp_path,
+            *("--mqtt", mosquitto.url, "--endpoint", broker.endpoint),
+            *("--map", "sensors/{site}/#=class:sensors", "--client-id", "bridge"),
+            *("--ca", str(pki / "ca.crt"), "--cert", str(pki / "bridge.crt")),
+            *("--key", str(pki / "bridge.key")),
+        )
+        try:
+            await asyncio.to_thread(bridge.wait_ready)
+            await mqtt_publish(
+                mosquitto.port, [("sensors/lab/temp", reading(i), False) for i in range(3)]
+            )
+            got = [await sensors.get(10) for _ in range(3)]
+            assert [m.payload for m in got] == [reading(i) for i in range(3)]
+            assert [m.attrs for m in got] == [reading_attrs(i) for i in range(3)]
+        finally:
+            code, stats = await asyncio.to_thread(bridge.stop)
+    assert code == 0, bridge.log.read_text()
+    assert stats["to_overlay"] == 3, stats
