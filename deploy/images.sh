@@ -113,7 +113,11 @@ build_broker() {
   mkdir -p "$ctx/wheels"
   cp deploy/Dockerfile "$ctx/Dockerfile"
   log "pip wheel: the project and its dependencies into $ctx/wheels"
-  "$py" -m pip wheel --quiet --wheel-dir "$ctx/wheels" "$root" 2>&1 | grep -v "is neither a file nor a directory" >&2 || true
+  # setuptools builds in build/lib and would pack modules left there by an older tree.
+  rm -rf build/lib build/bdist.*
+  # A fixed timestamp makes the same source the same wheel, so an unchanged project reuses
+  # the cached image layers.
+  SOURCE_DATE_EPOCH=315532800 "$py" -m pip wheel --quiet --wheel-dir "$ctx/wheels" "$root" 2>&1 | grep -v "is neither a file nor a directory" >&2 || true
   ls "$ctx"/wheels/trellis-*.whl >/dev/null 2>&1 || { log "pip wheel made no trellis wheel"; exit 1; }
   log "building trellis-broker:latest on $BASE"
   "$DOCKER" build --quiet --build-arg "BASE=$BASE" -t trellis-broker:latest "$ctx" >/dev/null
