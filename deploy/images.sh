@@ -46,6 +46,18 @@ fi
 
 has_image() { "$DOCKER" image inspect "$1" >/dev/null 2>&1; }
 
+build() {
+  # docker build TAG ARGS...: the image TAG replaced is removed (no untagged leftovers).
+  local tag=$1 before after
+  shift
+  before=$("$DOCKER" image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)
+  "$DOCKER" build --quiet -t "$tag" "$@" >/dev/null
+  after=$("$DOCKER" image inspect --format '{{.Id}}' "$tag")
+  if [ -n "$before" ] && [ "$before" != "$after" ]; then
+    "$DOCKER" image rm "$before" >/dev/null 2>&1 || true
+  fi
+}
+
 apt_mirror() {
   # The Debian mirror apt already uses for bookworm (deb822 .sources or one-line format).
   local files=(/etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources)
@@ -120,7 +132,7 @@ build_broker() {
   SOURCE_DATE_EPOCH=315532800 "$py" -m pip wheel --quiet --wheel-dir "$ctx/wheels" "$root" 2>&1 | grep -v "is neither a file nor a directory" >&2 || true
   ls "$ctx"/wheels/trellis-*.whl >/dev/null 2>&1 || { log "pip wheel made no trellis wheel"; exit 1; }
   log "building trellis-broker:latest on $BASE"
-  "$DOCKER" build --quiet --build-arg "BASE=$BASE" -t trellis-broker:latest "$ctx" >/dev/null
+  build trellis-broker:latest --build-arg "BASE=$BASE" "$ctx"
 }
 
 build_prometheus() {
@@ -132,7 +144,7 @@ build_prometheus() {
   # Debian's prometheus package needs a Debian base, not the broker's Python image.
   [ "$base" = "$LOCAL_BASE" ] || base=${TRELLIS_PROMETHEUS_BASE:-debian:bookworm-slim}
   log "building trellis-prometheus:latest on $base"
-  "$DOCKER" build --quiet --build-arg "BASE=$base" -t trellis-prometheus:latest "$ctx" >/dev/null
+  build trellis-prometheus:latest --build-arg "BASE=$base" "$ctx"
 }
 
 build_analytics() {
@@ -142,9 +154,10 @@ build_analytics() {
   mkdir -p "$ctx/wheels"
   cp deploy/Dockerfile.analytics "$ctx/Dockerfile"
   log "pip wheel: PySpark and pyarrow into $ctx/wheels"
-  "$py" -m pip wheel --quiet --wheel-dir "$ctx/wheels" "${root}[analytics]" pyarrow 2>&1 | grep -v "is neither a file nor a directory" >&2 || true
+  rm -rf build/lib build/bdist.*
+  SOURCE_DATE_EPOCH=315532800 "$py" -m pip wheel --quiet --wheel-dir "$ctx/wheels" "${root}[analytics]" pyarrow 2>&1 | grep -v "is neither a file nor a directory" >&2 || true
   log "building trellis-analytics:latest on trellis-broker:latest"
-  "$DOCKER" build --quiet -t trellis-analytics:latest "$ctx" >/dev/null
+  build trellis-analytics:latest "$ctx"
 }
 
 started=$(date +%s)
