@@ -8,7 +8,8 @@
 #                             `docker import` (built once: skipped when it exists)
 #   trellis-broker:latest     deploy/Dockerfile: the project from wheels built here
 #   trellis-prometheus:latest deploy/Dockerfile.prometheus: Debian's prometheus package
-#   trellis-analytics:latest  deploy/Dockerfile.analytics (with --analytics)
+#   trellis-analytics:latest  deploy/Dockerfile.analytics (with --analytics; its build stage
+#                             is kept as trellis-analytics:install)
 # Environment:
 #   TRELLIS_BASE_IMAGE     build on this image instead (e.g. python:3.11-slim where pulls
 #                          work); then no debootstrap base is made
@@ -46,16 +47,21 @@ fi
 
 has_image() { "$DOCKER" image inspect "$1" >/dev/null 2>&1; }
 
+replaced=()
 build() {
-  # docker build TAG ARGS...: the image TAG replaced is removed (no untagged leftovers).
+  # docker build TAG ARGS...; the image TAG named before is removed at the end (no untagged
+  # leftovers; an image another one was built on goes once that one is replaced too).
   local tag=$1 before after
   shift
   before=$("$DOCKER" image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)
   "$DOCKER" build --quiet -t "$tag" "$@" >/dev/null
   after=$("$DOCKER" image inspect --format '{{.Id}}' "$tag")
-  if [ -n "$before" ] && [ "$before" != "$after" ]; then
-    "$DOCKER" image rm "$before" >/dev/null 2>&1 || true
-  fi
+  if [ -n "$before" ] && [ "$before" != "$after" ]; then replaced=("$before" "${replaced[@]}"); fi
+}
+
+remove_replaced() {
+  local id
+  for id in "${replaced[@]}"; do "$DOCKER" image rm "$id" >/dev/null 2>&1 || true; done
 }
 
 apt_mirror() {
@@ -157,6 +163,8 @@ build_analytics() {
   rm -rf build/lib build/bdist.*
   SOURCE_DATE_EPOCH=315532800 "$py" -m pip wheel --quiet --wheel-dir "$ctx/wheels" "${root}[analytics]" pyarrow 2>&1 | grep -v "is neither a file nor a directory" >&2 || true
   log "building trellis-analytics:latest on trellis-broker:latest"
+  # The stage that installs the wheels is tagged too: untagged, it would linger as <none>.
+  build trellis-analytics:install --target install "$ctx"
   build trellis-analytics:latest "$ctx"
 }
 
@@ -167,4 +175,5 @@ if [ "$base_only" = 0 ]; then
   build_prometheus
   [ "$want_analytics" = 1 ] && build_analytics
 fi
+remove_replaced
 log "done in $(($(date +%s) - started)) s"
