@@ -30,6 +30,17 @@ command -v java >/dev/null 2>&1 || apt_install openjdk-17-jre-headless
 { command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ]; } || apt_install mosquitto
 # Headless Chromium: the admin page's system test drives the page in a real browser.
 command -v chromium >/dev/null 2>&1 || apt_install chromium
+# Docker: deploy/images.sh and the compose overlay's test (tests/deploy) need Debian's engine
+# (started by deploy/dockerd.sh), Compose v1 and debootstrap for the local base image.
+has() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]; }
+if ! { has dockerd && [ -x /usr/bin/docker ] && has docker-compose && has debootstrap; }; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt_install docker.io docker-compose debootstrap
+  else
+    echo "setup.sh: no docker.io, docker-compose or debootstrap and no root with apt-get to" \
+      "install them: the docker tests will skip" >&2
+  fi
+fi
 if [ "$want_bench" = 1 ]; then
   command -v mosquitto_pub >/dev/null 2>&1 || apt_install mosquitto-clients
   { command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ]; } || apt_install nats-server

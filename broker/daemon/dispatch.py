@@ -825,6 +825,10 @@ class Broker:
                         conn.fail(ProtocolError(f"no HELLO within {self.config.hello_timeout:g} s"))
                 elif silent > 3 * interval:
                     conn.fail(ProtocolError(f"peer silent for {silent:.1f} s (heartbeat timeout)"))
+                    # A silent peer reads nothing: a close that waits to flush what is queued
+                    # to it would hold the dead link open until TCP gives up (minutes).
+                    if conn.transport is not None:
+                        conn.transport.abort()
                 elif silent > interval:
                     conn.send(Ping(int(now)))
             self.flush()

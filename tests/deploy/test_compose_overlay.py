@@ -1,0 +1,301 @@
+"""The compose overlay in real containers: images built here, 3 VNs x 3 replicas, traffic
+from the host through published ports, a replica killed and another cut off mid-stream.
+
+Needs a Docker engine: one that answers, or one ``deploy/dockerd.sh`` can start (root and
+Debian's docker.io; ``bash deploy/setup.sh`` installs it). Anything started here is removed
+afterwards (containers, the network, volumes; a dockerd this test started is stopped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import time
+import urllib.parse
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from broker.client import Client, Subscription
+from broker.errors import TrellisTimeout
+from broker.tools.local import fetch_json, free_ports
+from tests.test_deploy import DASHBOARD, dashboard_queries, load_compose_gen
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+
+
+def docker_client() -> str | None:
+    """Debian's client first: another ``docker`` earlier on PATH may misbehave."""
+    return "/usr/bin/docker" if os.access("/usr/bin/docker", os.X_OK) else shutil.which("docker")
+
+
+def run(cmd: list[str], timeout: float = 120, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False, cwd=ROOT
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def docker() -> Iterator[str]:
+    """A Docker client whose engine answers: a running one, or one started (and later
+    stopped) by deploy/dockerd.sh. Skips only where no engine can be started."""
+    client = docker_client()
+    compose = shutil.which("docker-compose")
+    if client is None or compose is None:
+        pytest.skip("no docker client or docker-compose (bash deploy/setup.sh installs them)")
+    answers = (
+        subprocess.run([client, "info"], capture_output=True, timeout=30, check=False).returncode
+        == 0
+    )
+    started = False
+    if not answers:
+        if shutil.which("dockerd") is None and not os.access("/usr/sbin/dockerd", os.X_OK):
+            pytest.skip("no Docker engine answers and there is no dockerd to start")
+        if os.geteuid() != 0:
+            pytest.skip("no Docker engine answers and starting dockerd needs root")
+        start = subprocess.run(
+            ["bash", "deploy/dockerd.sh", "start"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            check=False,
+        )
+        if start.returncode != 0:
+            pytest.skip(f"no Docker engine could be started here: {start.stderr.strip()}")
+        started = True
+    try:
+        yield client
+    finally:
+        if started:
+            subprocess.run(["bash", "deploy/dockerd.sh", "stop"], cwd=ROOT, timeout=60, check=False)
+
+
+@dataclass
+class ComposeOverlay:
+    """A running compose project: its published ports by broker id, and how to drive it."""
+
+    docker: str
+    env: dict[str, str]
+    project: str
+    client_ports: dict[str, int]
+    admin_ports: dict[str, int]
+    prometheus_port: int
+    manifest: Path
+
+    def compose(self, *args: str, timeout: float = 180) -> str:
+        cmd = ["docker-compose", "-f", str(COMPOSE_FILE), "-p", self.project, *args]
+        return run(cmd, timeout, self.env)
+
+    def container(self, service: str) -> str:
+        return self.compose("ps", "-q", service).strip()
+
+    def endpoints(self, vn: str) -> list[str]:
+        return [f"127.0.0.1:{p}" for b, p in sorted(self.client_ports.items()) if b.startswith(vn)]
+
+    def health(self, broker_id: str) -> dict[str, object]:
+        health: dict[str, object] = fetch_json(
+            f"http://127.0.0.1:{self.admin_ports[broker_id]}/healthz"
+        )
+        return health
+
+    def wait_linked(self, expected: dict[str, set[str]], timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        last: dict[str, object] = {}
+        while time.monotonic() < deadline:
+            try:
+                last = {b: set(self.health(b)["links"]) for b in expected}  # type: ignore[call-overload]
+            except (OSError, ValueError):
+                time.sleep(0.5)
+                continue
+            if last == expected:
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"overlay links not up within {timeout} s: {last}")
+
+    def prometheus(self, path: str, **query: str) -> dict[str, object]:
+        url = f"http://127.0.0.1:{self.prometheus_port}{path}"
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        doc: dict[str, object] = fetch_json(url, timeout=5)
+        return doc
+
+
+@pytest.fixture(scope="module")
+def overlay(docker: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeOverlay]:
+    """The images built (cached layers reused), then the compose overlay up on free host
+    ports with fresh keys; torn down (containers, network, volumes) whatever happens."""
+    started = time.monotonic()
+    run(["bash", "deploy/images.sh"], timeout=900)
+    print(f"images ready in {time.monotonic() - started:.1f} s")
+    gen = load_compose_gen()
+    keys = tmp_path_factory.mktemp("compose-keys")
+    manifest = gen.write_keys(keys)
+    brokers = gen.compose_overlay().broker_ids
+    ports = free_ports(2 * len(brokers) + 1)
+    client_ports = dict(zip(brokers, ports, strict=False))
+    admin_ports = dict(zip(brokers, ports[len(brokers) :], strict=False))
+    env = {**os.environ, "TRELLIS_KEYS_DIR": str(keys), "TRELLIS_PROMETHEUS_PORT": str(ports[-1])}
+    for b in brokers:
+        env[f"TRELLIS_PORT_{gen.env_suffix(b)}"] = str(client_ports[b])
+        env[f"TRELLIS_ADMIN_{gen.env_suffix(b)}"] = str(admin_ports[b])
+    project = f"trellis-test-{uuid.uuid4().hex[:8]}"
+    compose = ComposeOverlay(docker, env, project, client_ports, admin_ports, ports[-1], manifest)
+    try:
+        up = time.monotonic()
+        compose.compose("up", "-d")
+        vn_of = {b: b.split(".")[0] for b in brokers}
+        neighbours = {"b0": {"b1"}, "b1": {"b0", "b2"}, "b2": {"b1"}}
+        expected = {b: {p for p in brokers if vn_of[p] in neighbours[vn_of[b]]} for b in brokers}
+        compose.wait_linked(expected)
+        print(f"compose overlay linked in {time.monotonic() - up:.1f} s")
+        yield compose
+    finally:
+        down = time.monotonic()
+        try:
+            compose.compose("down", "--volumes", "--remove-orphans", "--timeout", "5")
+        finally:
+            left = run(
+                [docker, "ps", "-aq", "--filter", f"label=com.docker.compose.project={project}"]
+            )
+            assert not left.strip(), f"containers left behind: {left}"
+        print(f"compose overlay down in {time.monotonic() - down:.1f} s")
+
+
+def test_containers_run_as_non_root_and_report_healthy(overlay: ComposeOverlay) -> None:
+    container = overlay.container("b1-1")
+    deadline = time.monotonic() + 60
+    while True:
+        state = json.loads(run([overlay.docker, "inspect", container]))[0]["State"]
+        if state.get("Health", {}).get("Status") == "healthy" or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert state["Health"]["Status"] == "healthy"
+    assert run([overlay.docker, "exec", container, "id", "-u"]).strip() == "10001"
+
+
+def test_prometheus_scrapes_every_broker_and_answers_the_dashboard(
+    overlay: ComposeOverlay,
+) -> None:
+    deadline = time.monotonic() + 60
+    up: set[str] = set()
+    while time.monotonic() < deadline:
+        try:
+            doc = overlay.prometheus("/api/v1/targets")
+        except OSError:
+            time.sleep(1)
+            continue
+        targets = doc["data"]["activeTargets"]  # type: ignore[index]
+        up = {t["labels"]["instance"] for t in targets if t["health"] == "up"}
+        if len(up) == len(overlay.client_ports):
+            break
+        time.sleep(1)
+    assert up == {f"{b.replace('.', '-')}:9100" for b in overlay.client_ports}
+    # Every query of the Grafana dashboard parses and runs in this Prometheus.
+    doc = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    for expr in dashboard_queries(doc):
+        if expr.startswith("label_values("):
+            continue  # Grafana's own function, not PromQL
+        promql = expr.replace("$vn", ".*").replace("$broker", ".*")
+        answer = overlay.prometheus("/api/v1/query", query=promql)
+        assert answer["status"] == "success", (expr, answer)
+    answer = overlay.prometheus("/api/v1/query", query="trellis_broker_links")
+    assert len(answer["data"]["result"]) == len(overlay.client_ports)  # type: ignore[index]
+
+
+def payload(i: int) -> bytes:
+    return f"message {i} {'secret' if i % 2 else 'plain'}".encode()
+
+
+async def stream(
+    pub: Client, sub: Subscription, first: int, count: int, faults: dict[int, list[str]]
+) -> list[tuple[int, bytes, bool]]:
+    """Publish ``count`` messages (odd ones confidential), running ``faults[i]`` before
+    message ``i``; return what the subscriber got: (seq, payload, confidential)."""
+    for i in range(first, first + count):
+        if i in faults:
+            await asyncio.to_thread(run, faults[i])
+        await pub.publish(
+            {"class": "deploy", "i": i}, payload(i), confidential=bool(i % 2), ack=(i % 10 == 0)
+        )
+        await asyncio.sleep(0.01)
+    await pub.drain(30)
+    got = []
+    while len(got) < count:
+        try:
+            msg = await sub.get(20)
+        except TrellisTimeout:
+            break
+        assert msg.publisher == "host-pub"
+        got.append((msg.seq, msg.payload, msg.confidential))
+    with pytest.raises(TrellisTimeout):
+        await sub.get(2.0)  # nothing more: each publication exactly once
+    return got
+
+
+async def wait_links(
+    overlay: ComposeOverlay, want: dict[str, set[str]], timeout: float = 20
+) -> dict[str, set[str]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        links = {}
+        for broker in want:
+            health = await asyncio.to_thread(overlay.health, broker)
+            links[broker] = set(health["links"])  # type: ignore[call-overload]
+        if links == want or time.monotonic() > deadline:
+            return links
+        await asyncio.sleep(0.5)
+
+
+async def test_traffic_from_the_host_survives_a_killed_and_a_cut_off_replica(
+    overlay: ComposeOverlay,
+) -> None:
+    """Plain and confidential publications at VN b0 reach a subscriber at VN b2 exactly
+    once, in order, with their payloads, while b1-1 is killed and b2-2 is disconnected
+    from the network mid-stream; once b2-2 is reconnected it is linked again and traffic
+    still arrives exactly once."""
+    count, after = 240, 60
+    network = f"{overlay.project}_trellis"
+    killed, cut = overlay.container("b1-1"), overlay.container("b2-2")
+    faults = {
+        count // 3: [overlay.docker, "kill", killed],
+        2 * count // 3: [overlay.docker, "network", "disconnect", network, cut],
+    }
+    started = time.monotonic()
+    async with (
+        Client(overlay.endpoints("b0"), client_id="host-pub") as pub,
+        Client(overlay.endpoints("b2"), client_id="host-sub", manifest=overlay.manifest) as sc,
+        sc.subscribe("class = 'deploy'") as sub,
+    ):
+        await pub.advertise("class = 'deploy'")
+        await asyncio.sleep(1.0)  # routing state settles across the three VNs
+        got = await stream(pub, sub, 0, count, faults)
+        print(f"{count} publications through the faults in {time.monotonic() - started:.1f} s")
+        assert got == [(i + 1, payload(i), bool(i % 2)) for i in range(count)]
+
+        # The faults were real: the killed replica stays down (a manual kill is not
+        # restarted) and the brokers dropped their links to both replicas.
+        state = json.loads(run([overlay.docker, "inspect", killed]))[0]["State"]
+        assert not state["Running"]
+        b1_links = {"b0.0", "b0.1", "b0.2", "b2.0", "b2.1"}
+        want = {"b0.0": {"b1.0", "b1.2"}, "b1.0": b1_links}
+        assert await wait_links(overlay, want) == want
+
+        # Reconnected, the cut-off replica is linked again and the stream goes on.
+        await asyncio.to_thread(run, [overlay.docker, "network", "connect", network, cut])
+        want = {"b1.0": b1_links | {"b2.2"}, "b2.2": {"b1.0", "b1.2"}}
+        assert await wait_links(overlay, want) == want
+        got = await stream(pub, sub, count, after, {})
+        assert got == [(i + 1, payload(i), bool(i % 2)) for i in range(count, count + after)]
+    print(f"whole exchange in {time.monotonic() - started:.1f} s")
