@@ -790,6 +790,9 @@ def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
     from broker.tools.bridge import add_bridge_parser
 
     add_bridge_parser(sub)
+    from broker.tools.tdn import add_tdn_parser
+
+    add_tdn_parser(sub)
     return parser
 
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from broker.errors import InvalidRequest
 from broker.language.grammar import parse_filter
 from security.topics import TopicAdvertisement
-from security.topics_hierarchy import TopicRegistry
 
 __all__ = ["KINDS", "MAX_PATTERN", "Query", "compile_query", "run_query"]
 
@@ -76,20 +75,16 @@ def compile_query(query: Query) -> Callable[[TopicAdvertisement], bool]:
 
 def run_query(
     query: Query,
-    registry: TopicRegistry,
-    principal: str,
-    now: float,
+    candidates: Iterable[TopicAdvertisement],
+    visible: Callable[[TopicAdvertisement], bool],
     *,
-    among: Iterable[TopicAdvertisement] | None = None,
     limit: int = 1000,
 ) -> list[TopicAdvertisement]:
-    """The live topics ``principal`` may discover that match ``query`` (at most ``limit``,
-    by UUID order). ``among`` narrows the candidates (a topic owner answers for its own)."""
+    """The ``candidates`` matching ``query`` that pass ``visible`` (the requester's
+    credentials against the topic's and its ancestors' discovery restrictions), at most
+    ``limit``, by UUID order. A TDN passes its registry and
+    ``lambda ad: registry.visible(ad.uuid, principal, now)``."""
     match = compile_query(query)
-    found = [
-        ad
-        for ad in (registry if among is None else among)
-        if match(ad) and registry.visible(ad.uuid, principal, now)
-    ]
+    found = [ad for ad in candidates if match(ad) and visible(ad)]
     found.sort(key=lambda ad: ad.uuid)
     return found[:limit]

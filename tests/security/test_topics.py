@@ -376,7 +376,10 @@ def test_each_query_kind_finds_what_it_should_and_only_what_the_requester_may_se
     carol = key(Signer.generate("carol")).hex()
 
     def found(kind: str, text: str, who: str) -> set[str]:
-        return {ad.uuid for ad in run_query(Query(kind, text), reg, who, NOW)}
+        return {
+            ad.uuid
+            for ad in run_query(Query(kind, text), reg, lambda ad: reg.visible(ad.uuid, who, NOW))
+        }
 
     assert found("exact", "weather/paris", carol) == {paris.uuid}
     assert found("regex", r"weather/(paris|lyon|secret)", carol) == {paris.uuid, lyon.uuid}
