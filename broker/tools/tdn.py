@@ -28,6 +28,8 @@ import contextlib
 import json
 import logging
 import signal
+import subprocess
+import sys
 import time
 import tomllib
 import uuid
@@ -73,7 +75,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("trellis.tdn")
 
-__all__ = ["TdnConfig", "TopicDiscoveryNode", "add_tdn_parser", "load_trusted"]
+__all__ = [
+    "TdnConfig",
+    "TopicDiscoveryNode",
+    "add_tdn_parser",
+    "load_trusted",
+    "start_tdn_process",
+]
 
 _KEYS = {"id", "endpoint", "identity", "trusted", "max_skew", "max_results", "ready_file"}
 
@@ -408,6 +416,53 @@ class TopicDiscoveryNode:
             gone = self.topics.expire(time.time())
             if gone:
                 log.info("%d topic(s) expired", len(gone))
+
+
+def start_tdn_process(
+    workdir: Path, signer: Signer, endpoint: str, trusted: Path, timeout: float = 30.0
+) -> subprocess.Popen[bytes]:
+    """Write ``signer``'s identity and a config in ``workdir``, start ``trellis tdn`` as a
+    process (log in ``workdir/<id>.log``) and return once it serves; tests and benchmarks use
+    it. A TDN that exits or is not ready within ``timeout`` is killed and named.
+
+    Raises:
+        TrellisError: the TDN did not come up (its last log line says why).
+    """
+    identity = workdir / f"{signer.id}.identity.json"
+    save_identity(signer, identity)
+    config = workdir / f"{signer.id}.tdn.toml"
+    config.write_text(
+        f'[tdn]\nendpoint = "{endpoint}"\nidentity = "{identity}"\ntrusted = "{trusted}"\n',
+        encoding="utf-8",
+    )
+    ready = workdir / f"{signer.id}.ready"
+    ready.unlink(missing_ok=True)
+    log_path = workdir / f"{signer.id}.log"
+    with log_path.open("ab") as log_file:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "broker",
+                "tdn",
+                "--config",
+                str(config),
+                "--ready-file",
+                str(ready),
+            ],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    deadline = time.monotonic() + timeout
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait(5)
+            lines = log_path.read_text(errors="replace").strip().splitlines() or ["no output"]
+            raise TrellisError(f"TDN {signer.id} did not start: {lines[-1]} ({log_path})")
+        time.sleep(0.05)
+    return proc
 
 
 # -- command line ---------------------------------------------------------------------------

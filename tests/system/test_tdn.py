@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from broker.client import Client
 from broker.errors import NotAuthorized, TrellisTimeout
 from broker.tools.local import LocalOverlay
+from broker.tools.tdn import start_tdn_process
 from broker.tools.tdn_wire import (
     COLLECTIONS_CLASS,
     REPLY_CLASS,
@@ -29,46 +29,8 @@ from security.errors import IntegrityError
 from security.topics import HierarchySpec
 from security.topics_channel import ReplyKey, open_request
 from security.topics_hierarchy import MaxDepthExceeded, MaxWidthExceeded
-from security.topics_identity import save_identity
 
 pytestmark = pytest.mark.slow
-
-
-def start_tdn(
-    workdir: Path, signer: Signer, endpoint: str, trusted: Path
-) -> subprocess.Popen[bytes]:
-    """``trellis tdn`` as a process; returns once it serves."""
-    identity = workdir / f"{signer.id}.identity.json"
-    save_identity(signer, identity)
-    config = workdir / f"{signer.id}.toml"
-    config.write_text(
-        f'[tdn]\nendpoint = "{endpoint}"\nidentity = "{identity}"\ntrusted = "{trusted}"\n'
-    )
-    ready = workdir / f"{signer.id}.ready"
-    log = (workdir / f"{signer.id}.log").open("ab")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "broker",
-            "tdn",
-            "--config",
-            str(config),
-            "--ready-file",
-            str(ready),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-    )
-    log.close()
-    deadline = time.monotonic() + 20
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError((workdir / f"{signer.id}.log").read_text())
-        time.sleep(0.05)
-    return proc
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -88,8 +50,8 @@ def world(
     trusted_file = tmp_path / "tdns.json"
     trusted_file.write_text(json.dumps({k: v.hex() for k, v in trusted.items()}))
     procs = [
-        start_tdn(tmp_path, tdns[0], overlay.endpoint("b0"), trusted_file),
-        start_tdn(tmp_path, tdns[1], overlay.endpoint("b1"), trusted_file),
+        start_tdn_process(tmp_path, tdns[0], overlay.endpoint("b0"), trusted_file),
+        start_tdn_process(tmp_path, tdns[1], overlay.endpoint("b1"), trusted_file),
     ]
     yield overlay, trusted, procs
     for proc in procs:
