@@ -84,6 +84,11 @@ async def measure(workdir: Path, topics: int, samples: int) -> dict[str, float]:
             sizes = {"one": 1, "ten": 10, "hundred": 100}
             names = [g for g, n in sizes.items() for _ in range(n)]
             names += [f"filler{i % 500}" for i in range(topics - len(names))]
+
+            async def held() -> int:
+                found = await t.locate(wait=1.0)
+                return found[0].topics if found else 0
+
             for i, group in enumerate(names):
                 req = make_request(
                     owner,
@@ -101,12 +106,14 @@ async def measure(workdir: Path, topics: int, samples: int) -> dict[str, float]:
                     msgpack.packb(ad.to_wire(), use_bin_type=True),
                     ack=False,
                 )
-            await c_load.drain(60)
-            for _ in range(600):  # bounded: at most about two minutes
-                if (await t.locate(wait=0.2))[0].topics >= topics:
-                    break
-            else:
-                raise RuntimeError("the TDN did not hold every loaded topic in time")
+                if (i + 1) % 1000 == 0 or i + 1 == len(names):
+                    # in batches, so that the TDN's bounded queue never overflows
+                    await c_load.drain(60)
+                    for _ in range(120):  # bounded: two minutes per batch at most
+                        if await held() >= i + 1:
+                            break
+                    else:
+                        raise RuntimeError("the TDN did not hold the loaded topics in time")
 
             # baseline: overlay round trip through an echo client
             await c_echo.advertise("class = 'bench/echo-back'")
