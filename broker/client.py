@@ -446,6 +446,8 @@ class Client:
         copy_patience: seconds a publication fewer than ``f + 1`` replicas delivered may
             hold back later ones that ``f + 1`` replicas agreed on (while a new subscription
             reaches every replica) before it is given up.
+        hello_options: extra HELLO options, e.g. ``{"credentials": ...}`` from
+            ``security.topics_credentials.present_credentials`` for secured topics.
     """
 
     def __init__(
@@ -464,6 +466,7 @@ class Client:
         key_refresh: int = 1,
         key_refresh_seconds: float | None = None,
         copy_patience: float = 1.0,
+        hello_options: Mapping[str, object] | None = None,
     ) -> None:
         eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not eps:
@@ -517,6 +520,7 @@ class Client:
         self.key_refresh_seconds = key_refresh_seconds
         self._epoch: EpochKey | None = None
         self.copy_patience = copy_patience
+        self.hello_options = dict(hello_options or {})
         self.copy_blames: dict[str, int] = {}
         """Brokers proven to have delivered an altered copy (or two versions of one
         publication) to this client, with how many times."""
@@ -879,7 +883,7 @@ class Client:
         loop = asyncio.get_running_loop()
         _, link = await loop.create_connection(lambda: _Link(self, index), host, port)
         try:
-            link.send(Hello(PROTOCOL_VERSION, Role.CLIENT, self.client_id, {}))
+            link.send(Hello(PROTOCOL_VERSION, Role.CLIENT, self.client_id, self.hello_options))
             welcome = await link.welcome
             options = welcome.options
             replica = int(options.get("replica", index))

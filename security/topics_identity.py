@@ -31,6 +31,7 @@ from security.errors import InvalidRequest
 __all__ = [
     "Identity",
     "load_identity",
+    "load_trusted_tdns",
     "principal_of",
     "save_identity",
     "signature_valid",
@@ -99,3 +100,20 @@ def save_identity(signer: Signer, path: str | Path) -> None:
         encoding="utf-8",
     )
     target.chmod(0o600)
+
+
+def load_trusted_tdns(path: str | Path) -> dict[str, bytes]:
+    """The trusted TDNs file: JSON ``{"tdn-id": "<hex raw Ed25519 public key>", ...}``.
+
+    Raises:
+        InvalidRequest: unreadable, or an entry is not 32 bytes of hex.
+    """
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        trusted = {str(k): bytes.fromhex(v) for k, v in data.items()}
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        raise InvalidRequest(f"cannot read the trusted TDNs file {str(path)!r}: {exc}") from None
+    bad = sorted(k for k, v in trusted.items() if len(v) != 32)
+    if bad:
+        raise InvalidRequest(f"{path}: the key of TDN {bad[0]!r} is not 32 bytes of hex")
+    return trusted

@@ -68,7 +68,12 @@ from security.topics import (
 from security.topics_channel import open_request
 from security.topics_collections import CollectionLimits, CollectionRegistry
 from security.topics_hierarchy import TopicRegistry
-from security.topics_identity import load_identity, principal_of, save_identity
+from security.topics_identity import (
+    load_identity,
+    principal_of,
+    save_identity,
+)
+from security.topics_identity import load_trusted_tdns as load_trusted
 
 if TYPE_CHECKING:
     from broker.client import Client
@@ -84,23 +89,6 @@ __all__ = [
 ]
 
 _KEYS = {"id", "endpoint", "identity", "trusted", "max_skew", "max_results", "ready_file"}
-
-
-def load_trusted(path: str | Path) -> dict[str, bytes]:
-    """The trusted TDNs file: JSON ``{"tdn-id": "<hex raw Ed25519 public key>", ...}``.
-
-    Raises:
-        InvalidRequest: unreadable, or an entry is not 32 bytes of hex.
-    """
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-        trusted = {str(k): bytes.fromhex(v) for k, v in data.items()}
-    except (OSError, ValueError, AttributeError, TypeError) as exc:
-        raise InvalidRequest(f"cannot read the trusted TDNs file {str(path)!r}: {exc}") from None
-    bad = sorted(k for k, v in trusted.items() if len(v) != 32)
-    if bad:
-        raise InvalidRequest(f"{path}: the key of TDN {bad[0]!r} is not 32 bytes of hex")
-    return trusted
 
 
 @dataclass
