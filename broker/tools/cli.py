@@ -790,7 +790,7 @@ def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
     from broker.tools.bridge import add_bridge_parser
 
     add_bridge_parser(sub)
-    from broker.tools.tdn import add_tdn_parser
+    from broker.tools.tdn_cli import add_tdn_parser
 
     add_tdn_parser(sub)
     return parser

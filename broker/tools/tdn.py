@@ -83,7 +83,7 @@ log = logging.getLogger("trellis.tdn")
 __all__ = [
     "TdnConfig",
     "TopicDiscoveryNode",
-    "add_tdn_parser",
+    "cmd_tdn",
     "load_trusted",
     "start_tdn_process",
 ]
@@ -454,26 +454,6 @@ def start_tdn_process(
 
 
 # -- command line ---------------------------------------------------------------------------
-
-
-def add_tdn_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``trellis tdn --config FILE``."""
-    p = subparsers.add_parser("tdn", help="run a topic discovery node (an overlay client)")
-    p.add_argument("--config", required=True, help="TOML file with a [tdn] table")
-    p.add_argument(
-        "--new-identity",
-        metavar="ID",
-        help="write a fresh identity with this id to the config's identity file (refused "
-        "if it exists), print the trusted-TDNs entry, and exit",
-    )
-    p.add_argument("--ready-file", help="written once the TDN serves (default: none)")
-    p.add_argument(
-        "--log-level",
-        choices=["debug", "info", "warning", "error"],
-        default="info",
-        help="(default: %(default)s)",
-    )
-    p.set_defaults(func=cmd_tdn)
 
 
 def cmd_tdn(args: argparse.Namespace) -> int:
