@@ -155,6 +155,12 @@ class TdnConfig:
         )
 
 
+def _strings(name: str, value: object) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise InvalidRequest(f"{name} must be a list of strings")
+    return tuple(value)
+
+
 @dataclass
 class _Watcher:
     client_id: str
@@ -226,6 +232,12 @@ class TopicDiscoveryNode:
             self.stats.refused += 1
             log.info("refused %s from %s: %s", body.get("op"), sender, exc)
             answer = {"rid": rid, "ok": False, "error": error_to_wire(exc)}
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            # an argument of the wrong shape that no check above named: still an answer
+            self.stats.refused += 1
+            log.info("malformed %s from %s: %r", body.get("op"), sender, exc)
+            bad = InvalidRequest(f"malformed {body.get('op')} request: {exc!r}")
+            answer = {"rid": rid, "ok": False, "error": error_to_wire(bad)}
         self._reply(sender, rid, reply, answer)
 
     def _reply(self, to: str, rid: str, reply: bytes, body: dict[str, Any]) -> None:
@@ -305,14 +317,26 @@ class TopicDiscoveryNode:
         cid = body.get("collection")
         if op == "create":
             limits = body.get("limits") or [None, None, None, False]
+            if (
+                not isinstance(limits, list)
+                or len(limits) != 4
+                or not all(x is None or type(x) is int for x in limits[:3])
+                or type(limits[3]) is not bool
+            ):
+                raise InvalidRequest(
+                    "collection limits must be [max_breadth, max_depth, max_topics, fixed]: "
+                    "three integers or nil, then a boolean"
+                )
             made = reg.create(
                 str(uuid.uuid4()),
                 principal,
                 str(body.get("name", "")),
                 CollectionLimits(*limits),
-                editors=tuple(body.get("editors") or ()),
-                discoverers=None if body.get("discoverers") is None else tuple(body["discoverers"]),
-                subcollections=tuple(body.get("subcollections") or ()),
+                editors=_strings("editors", body.get("editors") or []),
+                discoverers=None
+                if body.get("discoverers") is None
+                else _strings("discoverers", body["discoverers"]),
+                subcollections=_strings("subcollections", body.get("subcollections") or []),
             )
             return {"id": made.id}
         if not isinstance(cid, str):

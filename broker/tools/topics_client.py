@@ -185,6 +185,8 @@ class TopicsClient:
                 return
             try:
                 await handle(msg.attrs, msg.payload)
+            except TrellisError as exc:  # a malformed or forged message from someone
+                log.warning("dropped a %s publication: %s", msg.attrs.get("class"), exc)
             except Exception:  # one bad message must not stop the others
                 log.exception("failed to handle a %s publication", msg.attrs.get("class"))
 

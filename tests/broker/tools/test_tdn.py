@@ -103,3 +103,16 @@ def test_the_config_names_the_file_and_the_key_it_cannot_use(tmp_path: Path) -> 
     (tmp_path / "t.json").write_text('{"tdn-1": "abcd"}')
     with pytest.raises(InvalidRequest, match="not 32 bytes"):
         load_trusted(tmp_path / "t.json")
+
+
+def test_malformed_collection_requests_get_an_answer_naming_the_problem() -> None:
+    node = TopicDiscoveryNode(TDN, TRUSTED)
+    alice = Signer.generate("alice")
+    bad = ask(node, alice, "collection.create", name="c", limits=[1, 2])
+    assert "max_breadth, max_depth, max_topics, fixed" in bad["error"]["message"]
+    bad = ask(node, alice, "collection.create", name="c", editors="bob")
+    assert "editors must be a list" in bad["error"]["message"]
+    bad = ask(node, alice, "query", query=["regex", "("])
+    assert "bad regular expression" in bad["error"]["message"]
+    made = ask(node, alice, "collection.create", name="c", limits=[2, 1, 10, False])
+    assert made["ok"]
