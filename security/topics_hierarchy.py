@@ -22,7 +22,7 @@ advertisements (stated in the README).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from security.errors import InvalidRequest, NotAuthorized
 from security.topics import ANYONE, AdvertisementError, TopicAdvertisement, TopicRequest
@@ -37,6 +37,7 @@ __all__ = [
     "NotAllowedToRegister",
     "ParentUnavailable",
     "TopicRegistry",
+    "may_discover",
 ]
 
 
@@ -115,6 +116,15 @@ def _allowed(principal: str, owner: str, listed: tuple[str, ...] | None) -> bool
     return listed is not None and (ANYONE in listed or principal in listed)
 
 
+def may_discover(chain: Sequence[TopicAdvertisement], principal: str) -> bool:
+    """Whether every topic of ``chain`` (a topic and its ancestors) lets ``principal``
+    discover it: its owner, anyone when ``discoverers`` is None, else those listed."""
+    return all(
+        ad.request.discoverers is None or _allowed(principal, ad.owner, ad.request.discoverers)
+        for ad in chain
+    )
+
+
 class TopicRegistry:
     """The advertisements a TDN (or a client's cache) holds, with the hierarchy rules."""
 
@@ -154,12 +164,7 @@ class TopicRegistry:
     def visible(self, uuid: str, principal: str, now: float) -> bool:
         """Whether ``principal`` may discover the topic: it is live, and the topic and every
         ancestor allow ``principal`` (their owner always may)."""
-        if not self.live(uuid, now):
-            return False
-        return all(
-            _allowed(principal, ad.owner, ad.request.discoverers) or ad.request.discoverers is None
-            for ad in self.chain(uuid)
-        )
+        return self.live(uuid, now) and may_discover(self.chain(uuid), principal)
 
     def check(self, request: TopicRequest, now: float, lifetime_end: float) -> int:
         """Check a registration against the hierarchy; returns the new topic's depth.
@@ -269,14 +274,14 @@ class TopicRegistry:
             self._children.setdefault(ad.parent, set()).add(ad.uuid)
         return True
 
-    def expire(self, now: float) -> list[str]:
-        """Drop every topic that expired, or whose ancestor did; returns their UUIDs."""
-        gone = [uuid for uuid in self._ads if not self._live_or_orphan(uuid, now)]
-        for uuid in gone:
-            ad = self._ads.pop(uuid)
+    def expire(self, now: float) -> list[TopicAdvertisement]:
+        """Drop every topic that expired, or whose ancestor did; returns them."""
+        gone = [ad for uuid, ad in self._ads.items() if not self._live_or_orphan(uuid, now)]
+        for ad in gone:
+            del self._ads[ad.uuid]
             if ad.parent is not None:
-                self._children.get(ad.parent, set()).discard(uuid)
-            self._children.pop(uuid, None)
+                self._children.get(ad.parent, set()).discard(ad.uuid)
+            self._children.pop(ad.uuid, None)
         return gone
 
     def _live_or_orphan(self, uuid: str, now: float) -> bool:

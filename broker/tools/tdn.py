@@ -13,8 +13,10 @@ request is in :meth:`TopicDiscoveryNode.handle`, and every rule it applies is pu
   held (a second claim of a held UUID is refused and logged);
 - ``query``: exact, regex or property queries, answered with what the requester's key may
   discover;
-- ``collection.*``: create, add, remove, the four discovery operations, and ``watch``
-  (change notifications, sealed to each authorised watcher).
+- ``collection.*``: create, add, remove, the four discovery operations, and ``watch``;
+- ``watch``: change notifications of a topic hierarchy (a child registered below the topic,
+  a topic below it expired), for entities that may discover the topic; like a collection's,
+  each is sealed to each watcher that may still discover what changed.
 
 State is in memory: a restarted TDN re-learns topics from advertisements disseminated after
 it started (persisting the registry is not built).
@@ -47,7 +49,7 @@ from broker.errors import (
 )
 from broker.tools.tdn_query import Query, run_query
 from broker.tools.tdn_wire import (
-    COLLECTIONS_CLASS,
+    CHANGES_CLASS,
     DISCOVERY_PREFIX,
     REPLY_CLASS,
     TDN_CLASS,
@@ -67,7 +69,7 @@ from security.topics import (
 )
 from security.topics_channel import open_request
 from security.topics_collections import CollectionLimits, CollectionRegistry
-from security.topics_hierarchy import TopicRegistry
+from security.topics_hierarchy import TopicRegistry, may_discover
 from security.topics_identity import (
     load_identity,
     principal_of,
@@ -272,6 +274,8 @@ class TopicDiscoveryNode:
                 limit=self.max_results,
             )
             return {"ads": [ad.to_wire() for ad in found]}
+        if op == "watch":
+            return self._watch_topic(principal, sender, reply, body, now)
         if op.startswith("collection."):
             return self._collection(op.partition(".")[2], principal, sender, reply, body)
         raise InvalidRequest(f"unknown TDN operation {op!r}")
@@ -295,6 +299,7 @@ class TopicDiscoveryNode:
         )
         self.topics.add(ad)
         self.guard.remember(request, ad.uuid, now)
+        self._hierarchy_changed("add", ad, self.topics.chain(ad.uuid)[1:])
         self.stats.created += 1
         log.info("created topic %s for %s (depth %d)", ad.uuid, request.creator, depth)
         return {"ad": ad.to_wire()}
@@ -309,6 +314,7 @@ class TopicDiscoveryNode:
         verify_advertisement(ad, self.trusted, now)
         if self.topics.add(ad):
             self.stats.held += 1
+            self._hierarchy_changed("add", ad, self.topics.chain(ad.uuid)[1:])
 
     def _collection(
         self, op: str, principal: str, sender: str, reply: bytes, body: dict[str, Any]
@@ -364,16 +370,41 @@ class TopicDiscoveryNode:
     def _notify(self, cid: str, change: list[str]) -> None:
         collection = self.collections.get(cid)
         for watcher in list(self.watchers.get(cid, {}).values()):
-            if not collection.may_discover(watcher.principal):
-                continue  # permissions changed since: it gets nothing more
-            attrs = {
-                "class": COLLECTIONS_CLASS,
-                "collection": cid,
-                "to": watcher.client_id,
-                "from": self.id,
-            }
-            body = {"rid": "", "ok": True, "result": {"change": change}}
-            self._send(attrs, seal_answer(self.signer, watcher.reply, body))
+            if collection.may_discover(watcher.principal):  # permissions may have changed
+                self._send_change(watcher, cid, change)
+
+    def _send_change(self, watcher: _Watcher, subject: str, change: list[str]) -> None:
+        attrs = {
+            "class": CHANGES_CLASS,
+            "subject": subject,
+            "to": watcher.client_id,
+            "from": self.id,
+        }
+        body = {"rid": "", "ok": True, "result": {"change": change}}
+        self._send(attrs, seal_answer(self.signer, watcher.reply, body))
+
+    def _watch_topic(
+        self, principal: str, sender: str, reply: bytes, body: dict[str, Any], now: float
+    ) -> Any:
+        topic = body.get("topic")
+        if not isinstance(topic, str) or not self.topics.visible(topic, principal, now):
+            raise NotAuthorized(
+                f"no topic {topic} this requester may discover here, so nothing to watch"
+            )
+        self.watchers.setdefault(topic, {})[sender] = _Watcher(sender, principal, reply)
+        return {"watching": topic}
+
+    def _hierarchy_changed(
+        self, op: str, ad: TopicAdvertisement, chain: list[TopicAdvertisement]
+    ) -> None:
+        """Tell the watchers of each topic of ``chain`` (``ad``'s ancestors, and for an
+        expiry ``ad`` itself) that ``ad`` was registered (``add``) or expired (``expire``),
+        if they may discover it."""
+        path = chain if chain and chain[0].uuid == ad.uuid else [ad, *chain]
+        for subject in chain:
+            for watcher in list(self.watchers.get(subject.uuid, {}).values()):
+                if may_discover(path, watcher.principal):
+                    self._send_change(watcher, subject.uuid, [subject.uuid, op, "topic", ad.uuid])
 
     # -- overlay I/O --------------------------------------------------------------------
 
@@ -425,9 +456,23 @@ class TopicDiscoveryNode:
     async def _expire(self) -> None:
         while True:
             await asyncio.sleep(0.5)
-            gone = self.topics.expire(time.time())
-            if gone:
-                log.info("%d topic(s) expired", len(gone))
+            self.expire(time.time())
+
+    def expire(self, now: float) -> None:
+        """Drop expired topics; tell the watchers of each one and of its ancestors."""
+        chains: dict[str, list[TopicAdvertisement]] = {}
+        if self.watchers:  # the chains as they were, for the notifications
+            for ad in self.topics:
+                chain = self.topics.chain(ad.uuid)
+                if not all(a.live(now) for a in chain):
+                    chains[ad.uuid] = chain
+        gone = self.topics.expire(now)
+        for ad in gone:
+            self._hierarchy_changed("expire", ad, chains.get(ad.uuid, [ad]))
+        for ad in gone:
+            self.watchers.pop(ad.uuid, None)
+        if gone:
+            log.info("%d topic(s) expired", len(gone))
 
 
 def start_tdn_process(

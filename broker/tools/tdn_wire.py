@@ -8,8 +8,9 @@ brokers. The well-known topics of SPEC §8 are attribute filters on ``class``:
 - ``Services/Discovery/Topics``: advertisements disseminated to every TDN;
 - ``Services/Discovery/Reply`` with ``to = <client id>``: answers, sealed to the requester;
 - ``Services/Discovery/Flood``: discovery queries answered by topic owners (no TDN needed);
-- ``Services/Discovery/Collections`` with ``collection = <id>`` and ``to = <client id>``:
-  a collection's change notifications, sealed to each authorised watcher.
+- ``Services/Discovery/Changes`` with ``subject = <collection id or topic UUID>`` and
+  ``to = <client id>``: change notifications of a collection or a topic hierarchy, sealed to
+  each authorised watcher.
 
 A request's payload is :func:`security.topics_channel.sign_request` of a map with ``op``,
 ``rid`` (a random id the answer repeats), ``time``, ``reply`` (an X25519 key) and the op's
@@ -44,7 +45,7 @@ from security.topics_hierarchy import (
 from security.topics_identity import signature_valid
 
 __all__ = [
-    "COLLECTIONS_CLASS",
+    "CHANGES_CLASS",
     "DISCOVERY_PREFIX",
     "FLOOD_CLASS",
     "REPLY_CLASS",
@@ -61,7 +62,7 @@ TDN_CLASS = "Services/Discovery/TopicDiscoveryNode"
 TOPICS_CLASS = "Services/Discovery/Topics"
 REPLY_CLASS = "Services/Discovery/Reply"
 FLOOD_CLASS = "Services/Discovery/Flood"
-COLLECTIONS_CLASS = "Services/Discovery/Collections"
+CHANGES_CLASS = "Services/Discovery/Changes"
 _ANSWER_DOMAIN = "trellis/tdn-answer/v1"
 
 _ERRORS: dict[str, type[TrellisError]] = {

@@ -39,7 +39,7 @@ from broker.client import Client, Subscription
 from broker.errors import SlowConsumerError, TrellisError, TrellisTimeout
 from broker.tools.tdn_query import Query, run_query
 from broker.tools.tdn_wire import (
-    COLLECTIONS_CLASS,
+    CHANGES_CLASS,
     DISCOVERY_PREFIX,
     FLOOD_CLASS,
     REPLY_CLASS,
@@ -50,7 +50,6 @@ from broker.tools.tdn_wire import (
     seal_answer,
 )
 from security.envelope import Signer, public_key_to_bytes
-from security.errors import IntegrityError
 from security.topics import (
     AdvertisementError,
     HierarchySpec,
@@ -62,7 +61,7 @@ from security.topics import (
 )
 from security.topics_channel import ReplyKey, open_request, sign_request
 from security.topics_delegations import Delegation, delegate
-from security.topics_hierarchy import TopicRegistry
+from security.topics_hierarchy import TopicRegistry, may_discover
 from security.topics_identity import principal_of
 
 __all__ = ["Change", "TdnInfo", "TopicsClient"]
@@ -79,9 +78,11 @@ class TdnInfo:
 
 @dataclass(frozen=True)
 class Change:
-    """A change of a watched collection."""
+    """A change of a watched collection or topic hierarchy: ``op`` is ``add`` or
+    ``remove`` (collections), ``add`` or ``expire`` (hierarchies) of ``member``, a
+    ``kind`` ("topic" or "collection") under ``subject``."""
 
-    collection: str
+    subject: str
     op: str
     kind: str
     member: str
@@ -152,7 +153,7 @@ class TopicsClient:
             self.client.subscribe(f"class = '{REPLY_CLASS}' and to = '{me}'")
         )
         notes = await self._stack.enter_async_context(
-            self.client.subscribe(f"class = '{COLLECTIONS_CLASS}' and to = '{me}'")
+            self.client.subscribe(f"class = '{CHANGES_CLASS}' and to = '{me}'")
         )
         self._tasks = [
             asyncio.create_task(self._pump(replies, self._on_reply)),
@@ -206,7 +207,7 @@ class TopicsClient:
             call.answers.put_nowait((signer_id, key, body))
 
     async def _on_note(self, attrs: Mapping[str, Value], payload: bytes) -> None:
-        watch = self._watches.get(str(attrs.get("collection")))
+        watch = self._watches.get(str(attrs.get("subject")))
         if watch is None:
             return
         try:
@@ -234,16 +235,7 @@ class TopicsClient:
         found = run_query(
             Query.from_wire(body.get("query")),
             self.owned,
-            lambda ad: (
-                ad.live(now)
-                and all(
-                    ad2.request.discoverers is None
-                    or principal == ad2.owner
-                    or principal in ad2.request.discoverers
-                    or "*" in ad2.request.discoverers
-                    for ad2 in self.owned.chain(ad.uuid)
-                )
-            ),
+            lambda ad: ad.live(now) and may_discover(self.owned.chain(ad.uuid), principal),
         )
         if not found:
             return
@@ -273,11 +265,12 @@ class TopicsClient:
         tdn: str | None = None,
         many: float | None = None,
         cls: str | None = None,
+        call: _Call | None = None,
     ) -> list[tuple[str, bytes, dict[str, Any]]]:
         """Publish a request; the first answer (or, with ``many`` seconds, every answer
         within them) from a trusted TDN (or, for floods, from anyone: checked by caller)."""
         rid = uuid.uuid4().hex
-        call = self._calls[rid] = _Call(many is not None)
+        call = self._calls[rid] = call or _Call(many is not None)
         body = {"op": op, "rid": rid, "time": time.time(), "reply": call.key.public, **args}
         target = cls or (TDN_CLASS if tdn is None else f"{TDN_CLASS}/{tdn}")
         attrs: dict[str, Value] = {
@@ -514,42 +507,24 @@ class TopicsClient:
     async def watch_collection(self, collection: str, *, tdn: str) -> AsyncIterator[Change]:
         """Register for a collection's change notifications at ``tdn`` (refused with
         ``NotAuthorized`` unless this entity may discover it); iterate the changes."""
+        return await self._watch("collection.watch", collection, tdn, collection=collection)
+
+    async def watch_topic(self, topic: str, *, tdn: str) -> AsyncIterator[Change]:
+        """Register for a topic hierarchy's change notifications at ``tdn``: a child
+        registered below ``topic``, a topic at or below it expired (refused with
+        ``NotAuthorized`` unless this entity may discover ``topic``); iterate the changes."""
+        return await self._watch("watch", topic, tdn, topic=topic)
+
+    async def _watch(self, op: str, subject: str, tdn: str, **args: Any) -> AsyncIterator[Change]:
         call = _Call(False)
         queue: asyncio.Queue[Change] = asyncio.Queue(1024)
-        self._watches[collection] = (call.key, queue)
-        rid = uuid.uuid4().hex
-        self._calls[rid] = call
-        body = {
-            "op": "collection.watch",
-            "rid": rid,
-            "time": time.time(),
-            "reply": call.key.public,
-            "collection": collection,
-        }
+        self._watches[subject] = (call.key, queue)
         try:
-            await self.client.publish(
-                {
-                    "class": f"{TDN_CLASS}/{tdn}",
-                    "op": "collection.watch",
-                    "rid": rid,
-                    "from": self.client.client_id,
-                },
-                sign_request(self.signer, body),
-            )
-            try:
-                answer = await asyncio.wait_for(call.answers.get(), self.timeout)
-            except TimeoutError:
-                raise TrellisTimeout(
-                    f"TDN {tdn} did not answer watch within {self.timeout:g} s"
-                ) from None
-            if self.trusted.get(answer[0]) != answer[1]:
-                raise IntegrityError(f"watch answered by {answer[0]!r}, not a trusted TDN")
+            (answer,) = await self._ask(op, args, tdn=tdn, call=call)
             self._result(answer)
         except BaseException:
-            self._watches.pop(collection, None)
+            self._watches.pop(subject, None)
             raise
-        finally:
-            self._calls.pop(rid, None)
         return _changes(queue)
 
 

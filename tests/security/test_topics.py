@@ -279,7 +279,7 @@ def test_a_child_cannot_outlive_its_parent_and_expires_with_it() -> None:
         register(reg, request(lifetime=11, hierarchy=HierarchySpec(parent=root.uuid)))
     child = register(reg, request(lifetime=10, hierarchy=HierarchySpec(parent=root.uuid)))
     assert reg.live(child.uuid, NOW + 9)
-    assert set(reg.expire(NOW + 10)) == {root.uuid, child.uuid}
+    assert {ad.uuid for ad in reg.expire(NOW + 10)} == {root.uuid, child.uuid}
     assert len(reg) == 0
 
 

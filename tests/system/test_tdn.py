@@ -16,7 +16,7 @@ from broker.errors import NotAuthorized, TrellisTimeout
 from broker.tools.local import LocalOverlay
 from broker.tools.tdn import start_tdn_process
 from broker.tools.tdn_wire import (
-    COLLECTIONS_CLASS,
+    CHANGES_CLASS,
     REPLY_CLASS,
     TDN_CLASS,
     open_answer,
@@ -128,12 +128,15 @@ async def test_hierarchy_limits_collections_and_attacks_over_the_overlay(
             hierarchy=HierarchySpec(root=True, allow_children=True, max_depth=1, max_width=1),
             tdn="tdn-1",
         )
+        tree = await tb.watch_topic(root.uuid, tdn="tdn-1")  # bob hears of the hierarchy
         child = await ta.create_topic(
             "plant/line1",
             lifetime=2.5,
             hierarchy=HierarchySpec(allow_children=True, parent=root.uuid),
             tdn="tdn-1",
         )
+        change = await asyncio.wait_for(tree.__anext__(), 5)
+        assert (change.subject, change.op, change.member) == (root.uuid, "add", child.uuid)
         with pytest.raises(MaxDepthExceeded, match="allows 1 level") as err:
             await ta.create_topic(
                 "plant/line1/m", lifetime=1, hierarchy=HierarchySpec(parent=child.uuid), tdn="tdn-1"
@@ -151,7 +154,7 @@ async def test_hierarchy_limits_collections_and_attacks_over_the_overlay(
         changes = await tb.watch_collection(cid, tdn="tdn-1")
         with pytest.raises(NotAuthorized, match="not allowed to discover"):
             await tc.watch_collection(cid, tdn="tdn-1")
-        async with cc.subscribe(f"class = '{COLLECTIONS_CLASS}'") as eavesdrop:
+        async with cc.subscribe(f"class = '{CHANGES_CLASS}'") as eavesdrop:
             await ta.add_to_collection(cid, root.uuid, tdn="tdn-1")
             change = await asyncio.wait_for(changes.__anext__(), 5)
             assert (change.op, change.member) == ("add", root.uuid)
@@ -232,6 +235,8 @@ async def test_hierarchy_limits_collections_and_attacks_over_the_overlay(
         # wait until the parent expires: its child goes with it
         await asyncio.sleep(max(0.0, root.expires - time.time()) + 0.7)
         assert await ta.discover("regex", "plant.*", tdn="tdn-1") == []
+        expired = {(await asyncio.wait_for(tree.__anext__(), 5)).member for _ in range(2)}
+        assert expired == {root.uuid, child.uuid}
         flood = await ta.flood_discover("exact", "bob/1", ttl=1.0)
         assert [a.uuid for a in flood] == [stolen[0].uuid]  # bob's own answer only
         assert any("does not own" in why for why in ta.rejected)

@@ -12,7 +12,13 @@ import pytest
 
 from broker.errors import InvalidRequest
 from broker.tools.tdn import TdnConfig, TopicDiscoveryNode, load_trusted
-from broker.tools.tdn_wire import TDN_CLASS, TOPICS_CLASS, error_from_wire, open_answer
+from broker.tools.tdn_wire import (
+    REPLY_CLASS,
+    TDN_CLASS,
+    TOPICS_CLASS,
+    error_from_wire,
+    open_answer,
+)
 from security.envelope import Signer, public_key_to_bytes
 from security.topics import TopicAdvertisement, issue_advertisement, make_request
 from security.topics_channel import ReplyKey, sign_request
@@ -28,8 +34,13 @@ def ask(node: TopicDiscoveryNode, signer: Signer, op: str, **args: Any) -> dict[
     key = ReplyKey()
     body = {"op": op, "rid": os.urandom(4).hex(), "time": time.time(), "reply": key.public, **args}
     node.handle({"class": TDN_CLASS, "from": signer.id}, sign_request(signer, body), time.time())
-    attrs, payload = node.outbox.get_nowait()
+    sent = [node.outbox.get_nowait() for _ in range(node.outbox.qsize())]
+    (attrs, payload), *others = [m for m in sent if m[0]["class"] == REPLY_CLASS]
     assert attrs["to"] == signer.id
+    assert not others
+    for item in sent:  # notifications stay queued for the test to read
+        if item[0]["class"] != REPLY_CLASS:
+            node.outbox.put_nowait(item)
     signer_id, signer_key, answer = open_answer(key, payload)
     assert (signer_id, signer_key) == ("tdn-1", TRUSTED["tdn-1"])
     return answer
@@ -116,3 +127,29 @@ def test_malformed_collection_requests_get_an_answer_naming_the_problem() -> Non
     assert "bad regular expression" in bad["error"]["message"]
     made = ask(node, alice, "collection.create", name="c", limits=[2, 1, 10, False])
     assert made["ok"]
+
+
+def test_hierarchy_watchers_must_be_able_to_discover_and_hear_of_children_they_may_see() -> None:
+    from security.topics import HierarchySpec
+
+    node = TopicDiscoveryNode(TDN, TRUSTED)
+    alice, bob, carol = (Signer.generate(n) for n in ("alice", "bob", "carol"))
+    bob_p = public_key_to_bytes(bob.public_key).hex()
+
+    def create(lifetime: float = 30, **kw: Any) -> str:
+        req = make_request(
+            alice, "t", nonce=os.urandom(16), now=time.time(), lifetime=lifetime, **kw
+        )
+        answer = ask(node, alice, "create", request=req.to_wire())
+        return TopicAdvertisement.from_wire(answer["result"]["ad"]).uuid
+
+    root = create(60, hierarchy=HierarchySpec(root=True, allow_children=True), discoverers=[bob_p])
+    refused = ask(node, carol, "watch", topic=root)
+    assert "nothing to watch" in refused["error"]["message"]
+    assert ask(node, bob, "watch", topic=root)["ok"]
+    child = create(hierarchy=HierarchySpec(parent=root))
+    attrs, _ = node.outbox.get_nowait()  # the notification to bob
+    assert (attrs["to"], attrs["subject"]) == ("bob", root)
+    hidden = create(hierarchy=HierarchySpec(parent=root, registrars=None), discoverers=[])
+    assert node.outbox.empty()  # bob may not discover that child: he hears nothing of it
+    assert child != hidden
