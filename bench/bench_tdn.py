@@ -4,6 +4,7 @@ Usage::
 
     .venv/bin/python bench/bench_tdn.py                 # 10,000 topics, 30 samples each
     .venv/bin/python bench/bench_tdn.py --topics 2000 --samples 10   # quicker
+    .venv/bin/python bench/bench_tdn.py --auth          # secured topics on vs off, one broker
 
 Setup: two broker processes in a line (b0 - b1), one ``trellis tdn`` process at b0, the
 measuring entity at b1 (so every request and answer crosses the overlay link). The TDN is
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -162,14 +164,116 @@ async def measure(workdir: Path, topics: int, samples: int) -> dict[str, float]:
     return out
 
 
+async def measure_auth(
+    workdir: Path, samples: int, count: int, rounds: int = 5
+) -> dict[str, dict[str, float]]:
+    """The same broker binary twice, secured topics on (``topic_trust``) and off, measured in
+    alternation (the machine is shared; alternating spreads its noise over both): SUBSCRIBE
+    latency (credentials checked on each) and publish throughput to one subscriber (there is
+    no per-publication check; this shows what that path costs)."""
+    from broker.daemon.topic_guard import secured_class
+    from broker.tools.launcher import BrokerProcess, start_broker
+    from security.topics_credentials import present_credentials
+    from security.topics_delegations import delegate
+
+    tdn, owner, reader = (Signer.generate(n) for n in ("tdn-1", "owner", "reader"))
+    trust = workdir / "tdns.json"
+    trust.write_text(json.dumps({"tdn-1": public_key_to_bytes(tdn.public_key).hex()}))
+    now = time.time()
+    req = make_request(owner, "bench", nonce=os.urandom(16), now=now, lifetime=3600)
+    ad = issue_advertisement(tdn, req, uuid=str(uuid.uuid4()), now=now, depth=0, expires=now + 3600)
+    grant = delegate(owner, ad, public_key_to_bytes(reader.public_key), "subscribe", now=now)
+    flt = f"class = '{secured_class(ad.uuid)}'"
+    attrs = {"class": secured_class(ad.uuid)}
+    procs: dict[str, BrokerProcess] = {}
+    subscribe: dict[str, list[float]] = {"open": [], "secured": []}
+    rates: dict[str, list[float]] = {"open": [], "secured": []}
+    try:
+        for mode in ("open", "secured"):
+            settings = {"topic_trust": str(trust)} if mode == "secured" else {}
+            procs[mode] = start_broker(workdir / mode, f"auth-{mode}", settings=settings)
+        async with contextlib.AsyncExitStack() as stack:
+            pairs = {}
+            for mode, proc in procs.items():
+                pub = Client(
+                    proc.endpoint,
+                    client_id="owner",
+                    hello_options={
+                        "credentials": present_credentials(
+                            owner, "owner", time.time(), [(ad, None)]
+                        )
+                    },
+                )
+                sub = Client(
+                    proc.endpoint,
+                    client_id="reader",
+                    hello_options={
+                        "credentials": present_credentials(
+                            reader, "reader", time.time(), [(ad, grant)]
+                        )
+                    },
+                )
+                await stack.enter_async_context(pub)
+                await stack.enter_async_context(sub)
+                await pub.advertise(flt)
+                pairs[mode] = (pub, sub)
+            for _ in range(rounds):
+                for mode, (pub, sub) in pairs.items():
+
+                    async def cycle(sub: Client = sub) -> None:
+                        async with sub.subscribe(flt):
+                            pass
+
+                    subscribe[mode].append(await median_ms(samples, cycle))
+                    async with sub.subscribe(flt) as stream:
+                        start = time.perf_counter()
+                        for i in range(count):
+                            await pub.publish({**attrs, "i": i}, b"x" * 100, ack=False)
+                        for _ in range(count):
+                            await stream.get(30)
+                        rates[mode].append(count / (time.perf_counter() - start))
+    finally:
+        for proc in procs.values():
+            proc.stop()
+    return {
+        mode: {
+            "subscribe ms": statistics.median(subscribe[mode]),
+            "msg/s": statistics.median(rates[mode]),
+        }
+        for mode in ("open", "secured")
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--topics", type=int, default=10_000)
     parser.add_argument("--samples", type=int, default=30)
+    parser.add_argument(
+        "--auth", action="store_true", help="secured topics on vs off at one broker instead"
+    )
+    parser.add_argument("--count", type=int, default=5000, help="publications per --auth run")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="bench-tdn-") as tmp:
-        from broker.tools.launcher import run_async
+    from broker.tools.launcher import run_async
 
+    if args.auth:
+        with tempfile.TemporaryDirectory(prefix="bench-tdn-auth-") as tmp:
+            auth = run_async(measure_auth(Path(tmp), args.samples, args.count))
+        print(
+            f"medians over 5 alternating rounds (SUBSCRIBE: median of {args.samples} per round; "
+            f"{args.count} publications per round)"
+        )
+        for mode, figures in auth.items():
+            print(
+                f"  {mode:8s} subscribe {figures['subscribe ms']:7.2f} ms  "
+                f"{figures['msg/s']:9.0f} msg/s"
+            )
+        print(
+            f"  secured/open: subscribe "
+            f"{auth['secured']['subscribe ms'] / auth['open']['subscribe ms']:.2f}x, "
+            f"msg/s {auth['secured']['msg/s'] / auth['open']['msg/s']:.2f}x"
+        )
+        return 0
+    with tempfile.TemporaryDirectory(prefix="bench-tdn-") as tmp:
         results = run_async(measure(Path(tmp), args.topics, args.samples))
     echo = results["echo"]
     print(
