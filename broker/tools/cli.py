@@ -174,9 +174,9 @@ async def _pub(args: argparse.Namespace) -> int:
         )
     payload = args.payload.encode("utf-8")
     interval = 1.0 / args.rate if args.rate else 0.0
-    client = Client(
-        args.endpoint.split(","), client_id=args.client_id, key_refresh=args.key_refresh
-    )
+    from broker.tools.topic_cli import client_identity
+
+    client = Client(args.endpoint.split(","), key_refresh=args.key_refresh, **client_identity(args))
     async with client:
         await client.advertise(args.advertise or advertisement_for(attrs))
         started = time.perf_counter()
@@ -222,7 +222,9 @@ async def _sub(args: argparse.Namespace) -> int:
     if args.manifest is None:
         logging.getLogger("trellis.client").addFilter(_NoManifestHint())
     received = 0
-    client = Client(args.endpoint.split(","), client_id=args.client_id, manifest=args.manifest)
+    from broker.tools.topic_cli import client_identity
+
+    client = Client(args.endpoint.split(","), manifest=args.manifest, **client_identity(args))
     try:
         async with client, client.subscribe(args.filter) as sub:
             print(f"subscribed to {args.filter} at {args.endpoint}", file=sys.stderr, flush=True)
@@ -614,6 +616,8 @@ LOG_LEVELS = ["debug", "info", "warning", "error"]
 
 def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
     """The ``trellis`` parser; with ``pst``, the MTPSTO solvers' subcommands in full."""
+    from broker.tools.topic_cli import add_identity_options
+
     parser = argparse.ArgumentParser(prog="trellis", description="Trellis pub/sub broker overlay")
     parser.add_argument("--version", action=_Version, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -663,6 +667,7 @@ def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
         default=1,
         help="confidential messages per content key (default: %(default)s)",
     )
+    add_identity_options(p)
     p.set_defaults(func=cmd_pub)
 
     p = sub.add_parser("sub", help="subscribe and print deliveries")
@@ -687,6 +692,7 @@ def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
     p.add_argument(
         "--ready-file", help="write a line here once the subscription is active (default: none)"
     )
+    add_identity_options(p)
     p.set_defaults(func=cmd_sub)
 
     p = sub.add_parser("up", help="start a local overlay of broker processes")
@@ -791,8 +797,10 @@ def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
 
     add_bridge_parser(sub)
     from broker.tools.tdn_cli import add_tdn_parser
+    from broker.tools.topic_cli import add_topic_parser
 
     add_tdn_parser(sub)
+    add_topic_parser(sub)
     return parser
 
 
