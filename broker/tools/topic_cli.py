@@ -108,7 +108,12 @@ def client_identity(args: argparse.Namespace) -> dict[str, Any]:
 def add_topic_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``trellis topic identity|create|discover|delegate``."""
     topic = subparsers.add_parser("topic", help="identities, topics, discovery, delegations")
-    verbs = topic.add_subparsers(dest="topic_verb", required=True, metavar="VERB")
+    verbs = topic.add_subparsers(
+        dest="topic_verb",
+        required=True,
+        metavar="VERB",
+        help="identity, create, discover or delegate",
+    )
 
     p = verbs.add_parser("identity", help="make an identity file, or show its principal")
     p.add_argument("file", help="the identity file")

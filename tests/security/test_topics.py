@@ -339,9 +339,8 @@ def test_no_registration_sequence_makes_a_child_looser_than_an_ancestor(
                     assert ad.request.hierarchy.max_width <= h.max_width
             widths = [a.request.hierarchy.max_width for a in chain]
             limit = min((w for w in widths if w is not None), default=None)
-            if limit is not None:
-                # children registered while every ancestor was live: no more than the width
-                assert len(reg._children.get(ad.uuid, ())) <= limit
+            if limit is not None:  # MaxWidth bounds the live children
+                assert len(reg.children(ad.uuid, now)) <= limit
 
 
 def test_discovery_restrictions_of_ancestors_bind_their_children() -> None:
