@@ -508,3 +508,42 @@ def test_requests_are_signed_and_replies_open_only_with_their_reply_key() -> Non
     assert open_reply(mine, sealed) == b"answer"
     with pytest.raises(IntegrityError):
         open_reply(theirs, sealed)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    limits=st.lists(
+        st.builds(
+            CollectionLimits,
+            max_breadth=st.none() | st.integers(0, 3),
+            max_depth=st.none() | st.integers(0, 2),
+            max_topics=st.none() | st.integers(0, 4),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    adds=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 7), st.booleans()), max_size=40),
+)
+def test_no_sequence_of_additions_breaks_a_limit_set_higher_up(
+    limits: list[CollectionLimits], adds: list[tuple[int, int, bool]]
+) -> None:
+    reg = CollectionRegistry()
+    owner = key(ALICE).hex()
+    ids = [f"c{i}" for i in range(len(limits))]
+    for cid, lim in zip(ids, limits, strict=True):
+        reg.create(cid, owner, cid, lim)
+    for target, member, as_collection in adds:
+        cid = ids[target % len(ids)]
+        with contextlib.suppress(CollectionError):
+            if as_collection:
+                reg.add(cid, ids[member % len(ids)], "collection", owner)
+            else:
+                reg.add(cid, f"t{member}", "topic", owner)
+        for c, lim in zip(ids, limits, strict=True):
+            col = reg.get(c)
+            if lim.max_breadth is not None:
+                assert len(col.topics) + len(col.subcollections) <= lim.max_breadth
+            if lim.max_depth is not None:
+                assert reg.height(c) <= lim.max_depth
+            if lim.max_topics is not None:
+                assert len(reg.all_topics(c)) <= lim.max_topics
