@@ -472,6 +472,8 @@ class Client:
         cert: this client's certificate (PEM, ``trellis ca issue --client``), for brokers
             that require one; with ``key``.
         key: the private key of ``cert``.
+        hello_options: extra HELLO options, e.g. ``{"credentials": ...}`` from
+            ``security.topics_credentials.present_credentials`` for secured topics.
 
     Raises:
         InvalidRequest: no endpoint, or a TLS file is missing or does not match.
@@ -496,6 +498,7 @@ class Client:
         ca: str | Path | None = None,
         cert: str | Path | None = None,
         key: str | Path | None = None,
+        hello_options: Mapping[str, object] | None = None,
     ) -> None:
         eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not eps:
@@ -560,6 +563,7 @@ class Client:
         self.key_refresh_seconds = key_refresh_seconds
         self._epoch: EpochKey | None = None
         self.copy_patience = copy_patience
+        self.hello_options = dict(hello_options or {})
         self.copy_blames: dict[str, int] = {}
         """Brokers proven to have delivered an altered copy (or two versions of one
         publication) to this client, with how many times."""
@@ -934,7 +938,7 @@ class Client:
                 f"{host}:{port}",
             ) from None
         try:
-            link.send(Hello(PROTOCOL_VERSION, Role.CLIENT, self.client_id, {}))
+            link.send(Hello(PROTOCOL_VERSION, Role.CLIENT, self.client_id, self.hello_options))
             welcome = await link.welcome
             options = welcome.options
             replica = int(options.get("replica", index))

@@ -206,6 +206,10 @@ class BrokerConfig(BaseModel):
         None, description="overlay manifest (VN members and public keys) for confidential traffic"
     )
     key_file: Path | None = Field(None, description="this broker's Ed25519 private key (hex)")
+    topic_trust: Path | None = Field(
+        None,
+        description="trusted TDNs file: turns on secured topics (broker/daemon/topic_guard.py)",
+    )
     collude_log: Path | None = Field(
         None, description="with byzantine = 'collude': where to record every share seen"
     )

@@ -44,6 +44,7 @@ from broker.daemon.reconfig_agent import Tables
 from broker.daemon.reconfig_faults import reconfig_agent
 from broker.daemon.stats import BrokerStats
 from broker.daemon.tls import BrokerTLS
+from broker.daemon.topic_guard import TopicGuard
 from broker.daemon.waves import RoutingWaves
 from broker.errors import TLSError
 from broker.language.filters import Filter
@@ -76,6 +77,8 @@ from broker.wire.protocol import (
 from reconfig.live import Reply, RoundStats
 from security.errors import InvalidRequest, NotAuthorized, ProtocolError, TrellisError
 from security.tls import describe_tls_error
+from security.topics_credentials import Credentials
+from security.topics_identity import load_trusted_tdns
 
 log = logging.getLogger("trellis.broker")
 proto_log = logging.getLogger("trellis.protocol")
@@ -115,6 +118,7 @@ class Connection(asyncio.Protocol):
         self.congested = False
         self.dropped: dict[str, int] = {}
         self.closing = False
+        self.credentials = Credentials()  # secured-topic rights from HELLO (topic_guard.py)
         self.last_seen = time.monotonic()
         self.opened = self.last_seen
         loop = asyncio.get_running_loop()
@@ -257,6 +261,12 @@ class Connection(asyncio.Protocol):
             broker.stats.count_in(type(msg).__name__.lower())
         match msg:
             case Subscribe(rid, sub_id, flt):
+                if broker.topic_guard is not None:
+                    try:
+                        broker.topic_guard.check(self.credentials, "subscribe", flt)
+                    except NotAuthorized as exc:
+                        self.reject(rid, exc)
+                        return
                 broker.execute(router.subscribe(self, sub_id, flt))
                 self.ack_in_force(rid)
             case Unsubscribe(rid, sub_id):
@@ -266,6 +276,12 @@ class Connection(asyncio.Protocol):
                 else:
                     self.reject(rid, InvalidRequest(f"UNSUBSCRIBE: no subscription '{sub_id}'"))
             case Advertise(rid, adv_id, flt):
+                if broker.topic_guard is not None:
+                    try:
+                        broker.topic_guard.check(self.credentials, "publish", flt)
+                    except NotAuthorized as exc:
+                        self.reject(rid, exc)
+                        return
                 broker.execute(router.advertise(self, adv_id, flt))
                 self.ack_in_force(rid)
             case Unadvertise(rid, adv_id):
@@ -435,6 +451,11 @@ class Broker:
         self.shares = self.forwarder.shares
         self.reconfig = reconfig_agent(self, config)
         self.tls = BrokerTLS(config) if config.tls else None
+        self.topic_guard = (
+            None
+            if config.topic_trust is None
+            else TopicGuard(load_trusted_tdns(config.topic_trust))
+        )
 
     def save_links(self) -> None:
         """Record the current neighbours in ``links_file`` (blocking: call off the loop)."""
@@ -567,6 +588,8 @@ class Broker:
         elif msg.role is Role.BROKER:
             self.accept_link(conn, msg.id)
         else:
+            if self.topic_guard is not None:
+                conn.credentials = self.topic_guard.admit(msg.id, msg.options)
             self.attach_client(conn, msg.id)
         options = {
             "max_frame": self.config.max_frame,

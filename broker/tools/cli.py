@@ -198,10 +198,12 @@ async def _pub(args: argparse.Namespace) -> int:
         )
     payload = args.payload.encode("utf-8")
     interval = 1.0 / args.rate if args.rate else 0.0
+    from broker.tools.topic_cli import client_identity
+
     client = Client(
         args.endpoint.split(","),
-        client_id=args.client_id,
         key_refresh=args.key_refresh,
+        **client_identity(args),
         **tls_options(args),
     )
     async with client:
@@ -249,10 +251,12 @@ async def _sub(args: argparse.Namespace) -> int:
     if args.manifest is None:
         logging.getLogger("trellis.client").addFilter(_NoManifestHint())
     received = 0
+    from broker.tools.topic_cli import client_identity
+
     client = Client(
         args.endpoint.split(","),
-        client_id=args.client_id,
         manifest=args.manifest,
+        **client_identity(args),
         **tls_options(args),
     )
     try:
@@ -693,6 +697,8 @@ LOG_LEVELS = ["debug", "info", "warning", "error"]
 
 def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
     """The ``trellis`` parser; with ``pst``, the MTPSTO solvers' subcommands in full."""
+    from broker.tools.topic_cli import add_identity_options
+
     parser = argparse.ArgumentParser(prog="trellis", description="Trellis pub/sub broker overlay")
     parser.add_argument("--version", action=_Version, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -743,6 +749,7 @@ def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
         help="confidential messages per content key (default: %(default)s)",
     )
     add_tls_arguments(p)
+    add_identity_options(p)
     p.set_defaults(func=cmd_pub)
 
     p = sub.add_parser("sub", help="subscribe and print deliveries")
@@ -768,6 +775,7 @@ def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
         "--ready-file", help="write a line here once the subscription is active (default: none)"
     )
     add_tls_arguments(p)
+    add_identity_options(p)
     p.set_defaults(func=cmd_sub)
 
     p = sub.add_parser("up", help="start a local overlay of broker processes")
@@ -903,6 +911,11 @@ def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
     from broker.tools.bridge import add_bridge_parser
 
     add_bridge_parser(sub)
+    from broker.tools.tdn_cli import add_tdn_parser
+    from broker.tools.topic_cli import add_topic_parser
+
+    add_tdn_parser(sub)
+    add_topic_parser(sub)
     return parser
 
 

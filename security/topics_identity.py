@@ -1,0 +1,119 @@
+"""Who an entity is, for topics: an id, an Ed25519 public key and, later, a certificate.
+
+Topic ownership, permission lists and delegations name *principals*, and a principal is the
+hex of a raw Ed25519 public key, not an id: without a certificate authority nothing binds the
+id ``"bob"`` to a key, so a permission granted to an id could be claimed by anyone who picks
+that id. Ids stay as labels (reply routing, logs). When the project CA lands, an
+:class:`Identity` also carries its X.509 certificate (DER), and permission lists may then name
+certified subjects as well; the key-based principal stays valid.
+
+Identity files (``--identity``) are JSON: ``{"id": "alice", "key": "<64 hex: raw private
+key>"}`` plus, later, ``"certificate": "<path to PEM>"``; written with mode 0600.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+
+from security.envelope import (
+    Signer,
+    private_key_from_bytes,
+    private_key_to_bytes,
+    public_key_from_bytes,
+    public_key_to_bytes,
+)
+from security.errors import InvalidRequest
+
+__all__ = [
+    "Identity",
+    "load_identity",
+    "load_trusted_tdns",
+    "principal_of",
+    "save_identity",
+    "signature_valid",
+]
+
+
+def principal_of(key: bytes) -> str:
+    """The principal a raw 32-byte Ed25519 public key stands for (its hex)."""
+    return bytes(key).hex()
+
+
+def signature_valid(key: bytes, signature: bytes, data: bytes) -> bool:
+    """Whether ``signature`` is ``key``'s Ed25519 signature over ``data`` (never raises)."""
+    try:
+        public_key_from_bytes(bytes(key)).verify(bytes(signature), data)
+    except (InvalidSignature, ValueError, TypeError):
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The public half of an entity (client, broker or TDN).
+
+    Attributes:
+        id: the label other parties know the entity under.
+        key: its raw Ed25519 public key (32 bytes).
+        certificate: its X.509 certificate (DER) from the project CA; None until the CA
+            exists (then the chain is checked where the key is checked today).
+    """
+
+    id: str
+    key: bytes
+    certificate: bytes | None = None
+
+    @property
+    def principal(self) -> str:
+        return principal_of(self.key)
+
+    @classmethod
+    def of(cls, signer: Signer) -> Identity:
+        return cls(signer.id, public_key_to_bytes(signer.public_key))
+
+
+def load_identity(path: str | Path) -> Signer:
+    """Read an identity file (see the module docstring).
+
+    Raises:
+        InvalidRequest: the file is missing, not JSON, or lacks a valid ``id`` or ``key``.
+    """
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        ident, raw = data["id"], bytes.fromhex(data["key"])
+        if not isinstance(ident, str) or not ident:
+            raise ValueError("id must be a non-empty string")
+        return Signer(ident, private_key_from_bytes(raw))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InvalidRequest(f"cannot read the identity file {str(path)!r}: {exc}") from None
+
+
+def save_identity(signer: Signer, path: str | Path) -> None:
+    """Write ``signer`` as an identity file, readable by its owner only."""
+    target = Path(path)
+    target.write_text(
+        json.dumps({"id": signer.id, "key": private_key_to_bytes(signer.key).hex()}) + "\n",
+        encoding="utf-8",
+    )
+    target.chmod(0o600)
+
+
+def load_trusted_tdns(path: str | Path) -> dict[str, bytes]:
+    """The trusted TDNs file: JSON ``{"tdn-id": "<hex raw Ed25519 public key>", ...}``.
+
+    Raises:
+        InvalidRequest: unreadable, or an entry is not 32 bytes of hex.
+    """
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        trusted = {str(k): bytes.fromhex(v) for k, v in data.items()}
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        raise InvalidRequest(f"cannot read the trusted TDNs file {str(path)!r}: {exc}") from None
+    bad = sorted(k for k, v in trusted.items() if len(v) != 32)
+    if bad:
+        raise InvalidRequest(f"{path}: the key of TDN {bad[0]!r} is not 32 bytes of hex")
+    return trusted
