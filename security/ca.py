@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import json
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -326,13 +327,23 @@ def save_ca(ca: CertificateAuthority, directory: Path, *, force: bool = False) -
 
 
 def load_private_key(path: Path) -> PrivateKey:
-    """A private key from a PEM file, or the hex Ed25519 seed a broker's ``key_file`` holds.
+    """A private key from a PEM file, the hex Ed25519 seed a broker's ``key_file`` holds, or
+    a topics identity file (JSON with the hex seed under ``key``, ``trellis topic identity``):
+    one key per entity, certified here for TLS and used for its topic credentials.
 
     Raises:
-        InvalidRequest: the file holds neither, or a key of an unsupported kind.
+        InvalidRequest: the file holds none of these, or a key of an unsupported kind.
     """
     data = path.read_bytes()
     text = data.strip()
+    if text.startswith(b"{"):
+        try:
+            seed = json.loads(text)["key"]
+            if not isinstance(seed, str) or not re.fullmatch(r"[0-9a-fA-F]{64}", seed):
+                raise ValueError("'key' is not 64 hex digits")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InvalidRequest(f"{path}: not an identity file with a hex key: {exc}") from None
+        return ed25519.Ed25519PrivateKey.from_private_bytes(bytes.fromhex(seed))
     if len(text) == 64 and re.fullmatch(rb"[0-9a-fA-F]{64}", text):
         return ed25519.Ed25519PrivateKey.from_private_bytes(bytes.fromhex(text.decode()))
     try:

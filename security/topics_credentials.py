@@ -11,7 +11,8 @@ The broker (:func:`read_credentials`) checks the proof and each advertisement ag
 trusted TDNs once, at HELLO, and keeps per topic either the pair or the reason it was refused;
 :func:`check_grant` then decides each advertise or subscribe, at that moment (a delegation may
 expire while the client is connected). The proof is replayable within ``max_skew`` by someone
-who captured the HELLO; over TLS (with the project CA) nobody can capture it.
+who captured the HELLO; over TLS with a client certificate from the project CA for the same
+key, the certificate is the proof (checked in the handshake) and nothing can be replayed.
 """
 
 from __future__ import annotations
@@ -68,15 +69,23 @@ def read_credentials(
     trusted: Mapping[str, bytes],
     now: float,
     max_skew: float = 300.0,
+    certified_key: bytes | None = None,
 ) -> Credentials:
     """Check a client's ``credentials`` option (None: a client without any).
 
+    ``certified_key``: the Ed25519 key of the client certificate the TLS handshake verified
+    against the project CA (the certificate chain is checked there). The client has then
+    proved it holds that key over this very connection, so the credentials must name that
+    key, and their signed time is not needed (nothing to replay); a client with a
+    certificate and no credentials holds that key and no grants.
+
     Raises:
-        NotAuthorized: the proof of key possession fails or is stale.
+        NotAuthorized: the proof of key possession fails or is stale, or the credentials
+            name another key than the client's certificate.
         InvalidRequest: the option is malformed.
     """
     if option is None:
-        return Credentials()
+        return Credentials(certified_key)
     if not isinstance(option, dict):
         raise InvalidRequest("HELLO option 'credentials' must be a map")
     key, at, proof, grants = (option.get(k) for k in ("key", "time", "proof", "grants"))
@@ -86,9 +95,14 @@ def read_credentials(
         or not isinstance(at, float | int)
     ):
         raise InvalidRequest("HELLO credentials need 'key', 'time' and 'proof'")
-    if abs(now - float(at)) > max_skew:
+    if certified_key is not None:
+        if key != certified_key:
+            raise NotAuthorized(
+                f"credentials of {client_id!r} name another key than its TLS client certificate"
+            )
+    elif abs(now - float(at)) > max_skew:
         raise NotAuthorized(f"credentials of {client_id!r} are dated {now - float(at):+.0f} s off")
-    if not signature_valid(key, proof, _proof_bytes(client_id, float(at))):
+    elif not signature_valid(key, proof, _proof_bytes(client_id, float(at))):
         raise NotAuthorized(f"credentials of {client_id!r}: the proof of key does not verify")
     if not isinstance(grants, list) or len(grants) > _MAX_GRANTS:
         raise InvalidRequest(f"HELLO credentials 'grants' must be a list of at most {_MAX_GRANTS}")

@@ -589,7 +589,10 @@ class Broker:
             self.accept_link(conn, msg.id)
         else:
             if self.topic_guard is not None:
-                conn.credentials = self.topic_guard.admit(msg.id, msg.options)
+                certified = None
+                if self.tls is not None and conn.transport is not None:
+                    certified = self.tls.client_key(conn.transport)
+                conn.credentials = self.topic_guard.admit(msg.id, msg.options, certified)
             self.attach_client(conn, msg.id)
         options = {
             "max_frame": self.config.max_frame,

@@ -100,6 +100,11 @@ class BrokerTLS:
                 f"and --key)"
             )
 
+    def client_key(self, transport: asyncio.BaseTransport) -> bytes | None:
+        """The Ed25519 key of the client certificate the handshake verified, if any."""
+        ssl_object = cast(ssl.SSLObject | None, transport.get_extra_info("ssl_object"))
+        return None if ssl_object is None else peer_key(ssl_object.getpeercert(binary_form=True))
+
     def acceptor(self, make: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
         """A protocol factory for the listener: TLS handshake first, then ``make()``."""
         return lambda: _Handshake(self, make)

@@ -43,9 +43,18 @@ class TopicGuard:
     def __init__(self, trusted: Mapping[str, bytes]) -> None:
         self.trusted = dict(trusted)
 
-    def admit(self, client_id: str, options: Mapping[str, object]) -> Credentials:
-        """The credentials of a client's HELLO (raises NotAuthorized on a bad proof)."""
-        return read_credentials(client_id, options.get("credentials"), self.trusted, time.time())
+    def admit(
+        self, client_id: str, options: Mapping[str, object], certified_key: bytes | None = None
+    ) -> Credentials:
+        """The credentials of a client's HELLO (raises NotAuthorized on a bad proof);
+        ``certified_key``: its TLS client certificate's Ed25519 key, when it has one."""
+        return read_credentials(
+            client_id,
+            options.get("credentials"),
+            self.trusted,
+            time.time(),
+            certified_key=certified_key,
+        )
 
     def check(self, creds: Credentials, right: str, flt: Filter) -> None:
         """Raise NotAuthorized unless ``flt`` stays off secured topics or pins topics the

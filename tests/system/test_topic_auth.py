@@ -97,3 +97,69 @@ async def test_only_holders_of_a_valid_delegation_advertise_or_subscribe_a_secur
             hello_options={"credentials": stolen},
         ):
             pass
+
+
+async def test_over_tls_the_client_certificate_is_the_proof_of_key_and_must_match_the_grants(
+    tmp_path: Path, run_broker: Callable[..., BrokerProcess]
+) -> None:
+    from security.ca import create_ca, issue, load_private_key, save_ca, write_issued
+    from security.topics_identity import save_identity
+
+    trust = tmp_path / "tdns.json"
+    trust.write_text(json.dumps({"tdn-1": key(TDN).hex()}))
+    pki = tmp_path / "pki"
+    ca = create_ca("topics CA")
+    save_ca(ca, pki)
+    write_issued(issue(ca, "b1", "broker"), ca, pki, "b1")
+    alice, bob = Signer.generate("alice"), Signer.generate("bob")
+    for who in (alice, bob):
+        # one key per entity: the identity file is what the CA certifies
+        save_identity(who, tmp_path / f"{who.id}.json")
+        own_key = load_private_key(tmp_path / f"{who.id}.json")
+        write_issued(issue(ca, who.id, "client", key=own_key), ca, pki, who.id)
+    broker = run_broker(
+        "b1",
+        topic_trust=str(trust),
+        tls_ca=str(pki / "ca.crt"),
+        tls_cert=str(pki / "b1.crt"),
+        tls_key=str(pki / "b1.key"),
+    )
+    now = time.time()
+    req = make_request(alice, "orders", nonce=os.urandom(16), now=now, lifetime=600)
+    ad = issue_advertisement(TDN, req, uuid="topic-2", now=now, depth=0, expires=now + 600)
+    topic = f"class = '{secured_class(ad.uuid)}'"
+
+    def tls(name: str) -> dict[str, Path]:
+        return {"ca": pki / "ca.crt", "cert": pki / f"{name}.crt", "key": pki / f"{name}.key"}
+
+    stale = now - 3600  # a proof this old is refused on plain TCP; the certificate replaces it
+    grant = delegate(alice, ad, key(bob), "subscribe", now=now)
+    async with (
+        Client(
+            broker.endpoint,
+            client_id="alice",
+            hello_options={"credentials": present_credentials(alice, "alice", stale, [(ad, None)])},
+            **tls("alice"),  # type: ignore[arg-type]
+        ) as c_alice,
+        Client(
+            broker.endpoint,
+            client_id="bob",
+            hello_options={"credentials": present_credentials(bob, "bob", stale, [(ad, grant)])},
+            **tls("bob"),  # type: ignore[arg-type]
+        ) as c_bob,
+    ):
+        await c_alice.advertise(topic)
+        async with c_bob.subscribe(topic) as sub:
+            await c_alice.publish({"class": secured_class(ad.uuid), "n": 1}, b"over tls")
+            assert (await sub.get(5)).payload == b"over tls"
+
+    # bob's certificate with alice's credentials (her grants, her key): refused
+    with pytest.raises(TrellisError, match="another key than its TLS client certificate"):
+        async with Client(
+            broker.endpoint,
+            client_id="bob",
+            reconnect=False,
+            hello_options={"credentials": present_credentials(alice, "bob", now, [(ad, None)])},
+            **tls("bob"),  # type: ignore[arg-type]
+        ):
+            pass
