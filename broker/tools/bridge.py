@@ -683,7 +683,7 @@ def add_bridge_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         "--window", type=int, help="recent messages remembered to drop redeliveries (default: 4096)"
     )
     p.add_argument("--ready-file", help="written once both sides are up (default: none)")
-    from broker.tools.cli import add_tls_arguments
+    from broker.tools.tls_args import add_tls_arguments
 
     add_tls_arguments(p)
     p.add_argument(

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from broker.errors import TrellisError
+from broker.tools.tls_args import add_tls_arguments
 
 if TYPE_CHECKING:
     from broker.client import Delivery
@@ -111,17 +112,6 @@ def _listen_error(exc: OSError, host: str, port: int) -> str:
 
 
 # -- pub / sub --------------------------------------------------------------------------
-
-
-def add_tls_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--ca``, ``--cert``, ``--key``: TLS for a command that connects to brokers."""
-    parser.add_argument(
-        "--ca", help="the project CA's certificate (ca.crt): connect over TLS (default: plaintext)"
-    )
-    parser.add_argument(
-        "--cert", help="this client's certificate (trellis ca issue --client), with --key"
-    )
-    parser.add_argument("--key", help="the private key of --cert")
 
 
 def tls_options(args: argparse.Namespace) -> dict[str, Any]:
