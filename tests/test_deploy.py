@@ -16,6 +16,7 @@ from types import ModuleType
 from typing import Any
 
 from cryptography import x509
+
 from broker.daemon.config import load_config
 from broker.tools.launcher import BrokerProcess
 from broker.tools.local import fetch_text
@@ -54,8 +55,8 @@ def compose_mounts(compose: str, keys_dir: Path) -> dict[str, dict[str, Path]]:
     directory variable set to ``keys_dir`` (named volumes left out)."""
     mounts: dict[str, dict[str, Path]] = {}
     service = ""
+    compose = re.sub(r"\$\{TRELLIS_KEYS_DIR:-[^}]*\}", str(keys_dir), compose)
     for line in compose.splitlines():
-        line = re.sub(r"\$\{TRELLIS_KEYS_DIR:-[^}]*\}", str(keys_dir), line)
         if match := re.fullmatch(r"  ([\w-]+):", line):
             service = match.group(1)
         elif match := re.fullmatch(r"      - ((?:\./|/)[^:\s]+):(/[^:]+)(?::ro)?", line):
