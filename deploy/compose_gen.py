@@ -4,7 +4,8 @@ config, and (on request) the overlay's keys and manifest.
     python deploy/compose_gen.py           rewrite the committed files from this script
     python deploy/compose_gen.py --check   exit 1 when a committed file differs from it
     python deploy/compose_gen.py keys [--dir DIR] [--force]
-                                           fresh broker keys and the manifest (not committed)
+                                           fresh broker keys, the manifest, a project CA and
+                                           TLS certificates (not committed)
 
 The overlay is the one ``trellis up`` would start (a line of VNs, every replica linked to
 every replica of each neighbouring VN, every other broker a peer): the broker configs come
@@ -12,7 +13,10 @@ from ``broker.tools.local.LocalOverlay`` with container addresses instead of loo
 Every broker listens on 7700 (clients and brokers) and 9100 (admin) inside its container and
 reaches the others by service name on the compose network; the host reaches them through
 ports published on 127.0.0.1 (7700-7708 and 9100-9108 unless ``TRELLIS_PORT_*`` /
-``TRELLIS_ADMIN_*`` say otherwise).
+``TRELLIS_ADMIN_*`` say otherwise). Brokers speak TLS only: links are mutual TLS with the
+overlay's own CA (each broker's certificate certifies its manifest key and names its service,
+``localhost`` and ``127.0.0.1``), and clients need a certificate from that CA (``keys`` issues
+one for the host, ``tls/client.crt``). Admin ports (health checks, Prometheus) stay plain HTTP.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout
     sys.path.insert(0, str(ROOT))
 
 from broker.tools.launcher import write_config  # noqa: E402
-from broker.tools.local import LocalOverlay  # noqa: E402
+from broker.tools.local import TLS_CLIENT, LocalOverlay  # noqa: E402
 from overlay.tree import broker_names, line_tree  # noqa: E402
 
 VNS = 3
@@ -42,6 +46,9 @@ PROMETHEUS_PORT = 9090
 NETWORK = "trellis"
 KEYS_DIR = "deploy/compose/keys"  # relative to the checkout; generated, never committed
 IMAGE_UID = 10001  # the broker image's user (deploy/Dockerfile)
+CA_DIR = "ca"  # under the keys dir: the CA's certificate and key (never mounted)
+TLS_DIR = "tls"  # under the keys dir: ca.crt, each broker's and the host client's cert and key
+TLS_MOUNT = "/etc/trellis/tls"  # where a broker container finds its certificate, key, ca.crt
 SETTINGS: dict[str, Any] = {
     # Containers on one host network: a peer silent for 3 s is gone.
     "heartbeat_interval": 1.0,
@@ -65,6 +72,45 @@ class ComposeOverlay(LocalOverlay):
     def endpoint(self, broker_id: str) -> str:
         return f"{service(broker_id)}:{CLIENT_PORT}"
 
+    @property
+    def tls_dir(self) -> Path:
+        return self.workdir / TLS_DIR
+
+    @property
+    def ca_dir(self) -> Path:
+        return self.workdir / CA_DIR
+
+    def tls_settings(self, broker_id: str) -> dict[str, str]:
+        """Inside every container the same paths: its own certificate is mounted there."""
+        return {
+            "tls_cert": f"{TLS_MOUNT}/broker.crt",
+            "tls_key": f"{TLS_MOUNT}/broker.key",
+            "tls_ca": f"{TLS_MOUNT}/ca.crt",
+            "tls_client_cert": "required",
+        }
+
+    def certificates(self) -> list[Path]:
+        """The files :meth:`write_certificates` makes (the CA's key aside)."""
+        names = [*self.broker_ids, TLS_CLIENT]
+        return [self.tls_dir / "ca.crt"] + [
+            self.tls_dir / f"{name}.{ext}" for name in names for ext in ("crt", "key")
+        ]
+
+    def write_certificates(self) -> None:
+        """A CA in ``ca/`` and, in ``tls/``, a certificate for each broker's manifest key
+        (names: its id, its service, ``localhost``, ``127.0.0.1``; brokers dial each other by
+        service, the host by loopback address) and one client certificate for the host."""
+        from security.ca import create_ca, issue, load_private_key, save_ca, write_issued
+
+        ca = create_ca("Trellis compose overlay CA")
+        save_ca(ca, self.ca_dir, force=True)
+        for broker_id in self.broker_ids:
+            key = load_private_key(self.workdir / f"{broker_id}.key")
+            sans = [service(broker_id), "localhost", "127.0.0.1"]
+            issued = issue(ca, broker_id, "broker", key=key, sans=sans)
+            write_issued(issued, ca, self.tls_dir, broker_id)
+        write_issued(issue(ca, TLS_CLIENT, "client"), ca, self.tls_dir, TLS_CLIENT)
+
     def container_config(self, broker_id: str) -> dict[str, Any]:
         config = self.config_for(broker_id)
         return {
@@ -83,7 +129,11 @@ class ComposeOverlay(LocalOverlay):
 def compose_overlay(workdir: Path = Path("/nonexistent")) -> ComposeOverlay:
     tree = line_tree(broker_names(VNS))
     return ComposeOverlay(
-        workdir, tree, settings=dict(SETTINGS), replicas=dict.fromkeys(tree.brokers, REPLICAS)
+        workdir,
+        tree,
+        settings=dict(SETTINGS),
+        replicas=dict.fromkeys(tree.brokers, REPLICAS),
+        tls=True,
     )
 
 
@@ -109,9 +159,10 @@ def compose_text(overlay: ComposeOverlay) -> str:
         "# analytics job runs on demand (profile 'analytics'). See README, 'Run in containers'.",
         "#   bash deploy/images.sh && .venv/bin/python deploy/compose_gen.py keys",
         "#   docker-compose up -d",
-        "# Host ports (127.0.0.1 only): broker clients 7700-7708, admin pages 9100-9108 (in",
-        "# service order below), Prometheus 9090; each one can be moved with the variable named",
-        "# beside it. The keys and manifest come from ${TRELLIS_KEYS_DIR:-./" + KEYS_DIR + "}.",
+        "# Host ports (127.0.0.1 only): broker clients 7700-7708 (TLS only, with a client",
+        "# certificate: tls/client.crt), admin pages 9100-9108 (plain HTTP; in service order",
+        "# below), Prometheus 9090; each one can be moved with the variable named beside it.",
+        "# Keys, manifest and certificates come from ${TRELLIS_KEYS_DIR:-./" + KEYS_DIR + "}.",
         "",
         "x-broker: &broker",
         "  image: trellis-broker:latest",
@@ -134,6 +185,9 @@ def compose_text(overlay: ComposeOverlay) -> str:
             f"      - ./deploy/compose/{name}.toml:/etc/trellis/broker.toml:ro",
             f"      - {keys}/manifest.json:/etc/trellis/manifest.json:ro",
             f"      - {keys}/{broker_id}.key:/etc/trellis/broker.key:ro",
+            f"      - {keys}/{TLS_DIR}/ca.crt:{TLS_MOUNT}/ca.crt:ro",
+            f"      - {keys}/{TLS_DIR}/{broker_id}.crt:{TLS_MOUNT}/broker.crt:ro",
+            f"      - {keys}/{TLS_DIR}/{broker_id}.key:{TLS_MOUNT}/broker.key:ro",
             f"      - {name}-data:/var/lib/trellis",
             "      - traffic:/var/lib/trellis/traffic",
         ]
@@ -199,32 +253,46 @@ def generated_files() -> dict[Path, str]:
 
 
 def write_keys(keys_dir: Path, force: bool = False) -> Path:
-    """Fresh Ed25519 keys for every broker and the manifest with their public halves.
+    """Fresh Ed25519 keys for every broker and the manifest with their public halves, then
+    the project CA and TLS certificates for those keys (see
+    :meth:`ComposeOverlay.write_certificates`).
 
-    The broker image runs as uid 10001: run as root, the keys become that user's (mode
-    0600); otherwise they are made readable by all (0644), which suits a local demo only.
+    Keys are kept unless ``force``; certificates are issued again whenever the keys are new
+    or one is missing (keys made before the overlay spoke TLS get theirs). The broker image
+    runs as uid 10001: run as root, the brokers' keys become that user's (mode 0600);
+    otherwise they are made readable by all (0644), which suits a local demo only. The CA's
+    key and the host client's key stay their owner's (0600).
     """
     manifest = keys_dir / "manifest.json"
-    if manifest.exists() and not force:
-        return manifest
-    keys_dir.mkdir(parents=True, exist_ok=True)
     overlay = compose_overlay(keys_dir)
-    overlay.write_keys()
+    fresh = force or not manifest.exists()
+    if fresh:
+        keys_dir.mkdir(parents=True, exist_ok=True)
+        overlay.write_keys()
+    if fresh or not all(path.exists() for path in overlay.certificates()):
+        overlay.write_certificates()
     for broker_id in overlay.broker_ids:
-        key = keys_dir / f"{broker_id}.key"
-        if os.geteuid() == 0:
-            os.chown(key, IMAGE_UID, IMAGE_UID)
-        else:
-            key.chmod(0o644)
+        for key in (keys_dir / f"{broker_id}.key", overlay.tls_dir / f"{broker_id}.key"):
+            _readable_by_image(key)
     manifest.chmod(0o644)
     return manifest
+
+
+def _readable_by_image(path: Path) -> None:
+    if os.geteuid() == 0:
+        os.chown(path, IMAGE_UID, IMAGE_UID)
+        path.chmod(0o600)
+    else:
+        path.chmod(0o644)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="only compare the committed files")
     sub = parser.add_subparsers(dest="command")
-    keys = sub.add_parser("keys", help="write broker keys and the manifest (kept if present)")
+    keys = sub.add_parser(
+        "keys", help="write broker keys, the manifest, the CA and certificates (kept if present)"
+    )
     keys.add_argument("--dir", type=Path, default=ROOT / KEYS_DIR, help="where (%(default)s)")
     keys.add_argument("--force", action="store_true", help="replace existing keys")
     args = parser.parse_args(argv)
@@ -232,6 +300,12 @@ def main(argv: list[str] | None = None) -> int:
         existed = (args.dir / "manifest.json").exists()
         manifest = write_keys(args.dir, args.force)
         print(f"{'kept' if existed and not args.force else 'wrote'} {manifest} and broker keys")
+        tls = args.dir / TLS_DIR
+        print(f"CA in {args.dir / CA_DIR}; broker certificates and the host's client certificate")
+        print(
+            f"  in {tls}: --ca {tls}/ca.crt --cert {tls}/{TLS_CLIENT}.crt "
+            f"--key {tls}/{TLS_CLIENT}.key"
+        )
         return 0
     stale = []
     for path, text in generated_files().items():

@@ -1,5 +1,7 @@
-"""The compose overlay in real containers: images built here, 3 VNs x 3 replicas, traffic
-from the host through published ports, a replica killed and another cut off mid-stream.
+"""The compose overlay in real containers: images built here, 3 VNs x 3 replicas speaking
+TLS (mutual between brokers, client certificates required), traffic from the host through
+published ports, clients without our certificate refused, a replica killed and another cut
+off mid-stream.
 
 Needs a Docker engine: one that answers, or one ``deploy/dockerd.sh`` can start (root and
 Debian's docker.io; ``bash deploy/setup.sh`` installs it). Anything started here is removed
@@ -23,8 +25,9 @@ from pathlib import Path
 import pytest
 
 from broker.client import Client, Subscription
-from broker.errors import TrellisTimeout
-from broker.tools.local import fetch_json, free_ports
+from broker.errors import ConnectionLost, TLSError, TrellisTimeout
+from broker.tools.local import ClientTLS, fetch_json, free_ports
+from security.ca import create_ca, issue, save_ca, write_issued
 from tests.test_deploy import DASHBOARD, dashboard_queries, load_compose_gen
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -93,6 +96,7 @@ class ComposeOverlay:
     admin_ports: dict[str, int]
     prometheus_port: int
     manifest: Path
+    tls: ClientTLS  # the host's client certificate (compose_gen.py keys issues it)
 
     def compose(self, *args: str, timeout: float = 180) -> str:
         cmd = ["docker-compose", "-f", str(COMPOSE_FILE), "-p", self.project, *args]
@@ -100,6 +104,17 @@ class ComposeOverlay:
 
     def container(self, service: str) -> str:
         return self.compose("ps", "-q", service).strip()
+
+    def logs(self, service: str) -> str:
+        """What a broker container wrote (the broker logs to stderr)."""
+        done = subprocess.run(
+            [self.docker, "logs", self.container(service)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        return done.stdout + done.stderr
 
     def endpoints(self, vn: str) -> list[str]:
         return [f"127.0.0.1:{p}" for b, p in sorted(self.client_ports.items()) if b.startswith(vn)]
@@ -135,13 +150,15 @@ class ComposeOverlay:
 @pytest.fixture(scope="module")
 def overlay(docker: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeOverlay]:
     """The images built (cached layers reused), then the compose overlay up on free host
-    ports with fresh keys; torn down (containers, network, volumes) whatever happens."""
+    ports with fresh keys and certificates; torn down (containers, network, volumes)
+    whatever happens."""
     started = time.monotonic()
     run(["bash", "deploy/images.sh"], timeout=900)
     print(f"images ready in {time.monotonic() - started:.1f} s")
     gen = load_compose_gen()
     keys = tmp_path_factory.mktemp("compose-keys")
     manifest = gen.write_keys(keys)
+    tls = gen.compose_overlay(keys).client_tls()
     brokers = gen.compose_overlay().broker_ids
     ports = free_ports(2 * len(brokers) + 1)
     client_ports = dict(zip(brokers, ports, strict=False))
@@ -151,7 +168,9 @@ def overlay(docker: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[C
         env[f"TRELLIS_PORT_{gen.env_suffix(b)}"] = str(client_ports[b])
         env[f"TRELLIS_ADMIN_{gen.env_suffix(b)}"] = str(admin_ports[b])
     project = f"trellis-test-{uuid.uuid4().hex[:8]}"
-    compose = ComposeOverlay(docker, env, project, client_ports, admin_ports, ports[-1], manifest)
+    compose = ComposeOverlay(
+        docker, env, project, client_ports, admin_ports, ports[-1], manifest, tls
+    )
     try:
         up = time.monotonic()
         compose.compose("up", "-d")
@@ -214,6 +233,66 @@ def test_prometheus_scrapes_every_broker_and_answers_the_dashboard(
     assert len(answer["data"]["result"]) == len(overlay.client_ports)  # type: ignore[index]
 
 
+async def test_clients_without_our_certificate_are_refused_and_the_overlay_keeps_serving(
+    overlay: ComposeOverlay, tmp_path: Path
+) -> None:
+    """The published client ports speak TLS only and want a certificate from the overlay's
+    CA: a client with none, one with another CA's certificate and a plaintext client are
+    each refused with a clear error, while the brokers stay linked and a certified client's
+    plain and confidential publications still arrive, once each."""
+    endpoints = overlay.endpoints("b1")
+    with pytest.raises(TLSError, match="requires a client certificate") as no_cert:
+        async with Client(endpoints, client_id="no-cert", connect_timeout=10, ca=overlay.tls["ca"]):
+            pass
+    assert "presented none" in no_cert.value.message
+
+    ca = create_ca("Some other CA")
+    save_ca(ca, tmp_path / "other")
+    cert, key = write_issued(issue(ca, "mallory", "client"), ca, tmp_path / "other", "mallory")
+    with pytest.raises(TLSError, match="refused this client's certificate"):
+        async with Client(
+            endpoints,
+            client_id="mallory",
+            connect_timeout=10,
+            ca=overlay.tls["ca"],
+            cert=cert,
+            key=key,
+        ):
+            pass
+    with pytest.raises((ConnectionLost, TrellisTimeout), match="needs ca="):
+        async with Client(endpoints, client_id="plain", connect_timeout=3):
+            pass
+    # The broker says why it closed the foreign client's connection.
+    deadline = time.monotonic() + 10
+    while "certificate not issued by the project CA" not in (logs := overlay.logs("b1-0")):
+        assert time.monotonic() < deadline, f"b1-0 logged no refused handshake:\n{logs[-2000:]}"
+        await asyncio.sleep(0.5)
+
+    brokers = sorted(overlay.client_ports)
+    vn_of = {b: b.split(".")[0] for b in brokers}
+    neighbours = {"b0": {"b1"}, "b1": {"b0", "b2"}, "b2": {"b1"}}
+    want = {b: {p for p in brokers if vn_of[p] in neighbours[vn_of[b]]} for b in brokers}
+    assert await wait_links(overlay, want, timeout=5) == want
+    async with (
+        Client(overlay.endpoints("b0"), client_id="tls-pub", **overlay.tls) as pub,
+        Client(
+            overlay.endpoints("b2"), client_id="tls-sub", manifest=overlay.manifest, **overlay.tls
+        ) as sc,
+        sc.subscribe("class = 'tls'") as sub,
+    ):
+        await pub.advertise("class = 'tls'")
+        await asyncio.sleep(1.0)  # routing state settles across the three VNs
+        for i in range(6):
+            await pub.publish({"class": "tls", "i": i}, payload(i), confidential=bool(i % 2))
+        await pub.drain(30)
+        got = [await sub.get(20) for _ in range(6)]
+        assert [(m.seq, m.payload, m.confidential) for m in got] == [
+            (i + 1, payload(i), bool(i % 2)) for i in range(6)
+        ]
+        with pytest.raises(TrellisTimeout):
+            await sub.get(1.0)
+
+
 def payload(i: int) -> bytes:
     return f"message {i} {'secret' if i % 2 else 'plain'}".encode()
 
@@ -274,8 +353,10 @@ async def test_traffic_from_the_host_survives_a_killed_and_a_cut_off_replica(
     }
     started = time.monotonic()
     async with (
-        Client(overlay.endpoints("b0"), client_id="host-pub") as pub,
-        Client(overlay.endpoints("b2"), client_id="host-sub", manifest=overlay.manifest) as sc,
+        Client(overlay.endpoints("b0"), client_id="host-pub", **overlay.tls) as pub,
+        Client(
+            overlay.endpoints("b2"), client_id="host-sub", manifest=overlay.manifest, **overlay.tls
+        ) as sc,
         sc.subscribe("class = 'deploy'") as sub,
     ):
         await pub.advertise("class = 'deploy'")
