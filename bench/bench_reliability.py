@@ -62,23 +62,23 @@ def fuzz(examples: int) -> int:
             run()
             fuzz_s = time.monotonic() - start
             fds1, rss1 = fd_count(proc.pid), rss_kib(proc.pid)
+            tried, frames_sent = target.sessions, target.frames_sent
+            answered, refused = target.answered, target.refused
+            closed, codes = target.closed_with_error, dict(sorted(target.codes.items()))
             for i in range(2000):
                 target.session("client", [b"\x00\x00\x00\x02\x92\x07"], client_id=f"bad-{i}")
             witness.check()
             fds2, rss2 = fd_count(proc.pid), rss_kib(proc.pid)
             internal = proc.log_path.read_text(errors="replace").count("internal error")
             print(
-                f"sessions (inputs tried): {target.sessions} with {target.frames_sent} "
-                f"frames in {fuzz_s:.0f} s ({target.sessions / fuzz_s:.0f}/s)"
+                f"fuzzed sessions (inputs tried): {tried} with {frames_sent} "
+                f"frames in {fuzz_s:.0f} s ({tried / fuzz_s:.0f}/s); then 2000 bad connections"
             )
             print(
-                f"connection kept open (PONG): {target.answered}, of which a request was "
-                f"refused with an ERROR: {target.refused}"
+                f"connection kept open (PONG): {answered}, of which a request was refused "
+                f"with an ERROR: {refused}"
             )
-            print(
-                f"ERROR then close: {target.closed_with_error}, by code: "
-                f"{dict(sorted(target.codes.items()))}"
-            )
+            print(f"ERROR then close: {closed}, by code: {codes}")
             print(f"by role: {dict(sorted(by_role.items()))}")
             print(
                 f"internal errors in the broker's log: {internal}; witness checks: "

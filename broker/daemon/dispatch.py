@@ -811,6 +811,11 @@ class Broker:
                         conn.fail(ProtocolError(f"no HELLO within {self.config.hello_timeout:g} s"))
                 elif silent > 3 * interval:
                     conn.fail(ProtocolError(f"peer silent for {silent:.1f} s (heartbeat timeout)"))
+                    # A silent peer will not read what is queued to it: a graceful close
+                    # would wait for TCP to deliver it (minutes of retransmission back-off
+                    # after a partition) before the link is withdrawn and re-dialled.
+                    if conn.transport is not None:
+                        conn.transport.abort()
                 elif silent > interval:
                     conn.send(Ping(int(now)))
             self.flush()

@@ -17,6 +17,8 @@ COLUMNS = (
     "scenario",
     "msg/s",
     "published",
+    "refused",
+    "unconfirmed",
     "delivered",
     "lost",
     "duplicated",
@@ -24,6 +26,8 @@ COLUMNS = (
     "confidential",
     "decrypted",
     "rss+KiB",
+    "catch-up s",
+    "loss window",
     "faults",
 )
 
@@ -42,7 +46,12 @@ def main(argv: list[str] | None = None) -> int:
         except HostsUnavailable as exc:
             print(f"cannot run: {exc}", file=sys.stderr)
             return 2
-        row = {"scenario": name, **tally.row()}
+        row = {
+            "scenario": name,
+            **tally.row(),
+            "rss+KiB by broker": tally.rss_growth_kib,
+            "rss+KiB curve (s, KiB)": tally.rss_curve,
+        }
         rows.append(row)
         if args.json:
             print(json.dumps(row), flush=True)

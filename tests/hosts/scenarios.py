@@ -41,10 +41,15 @@ class Tally:
     received: list[tuple[int, bytes, bool]] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    stopped: float | None = None  # monotonic time publishing stopped
+    fault_start: float | None = None  # monotonic time the first fault was injected
     fault_over: float | None = None  # monotonic time the last fault ended (heal, restart)
     published_at: dict[int, float] = field(default_factory=dict)
     arrived_at: dict[int, float] = field(default_factory=dict)  # first arrival per seq
     peak_rss_growth_kib: int = 0
+    # (seconds since the start, largest RSS growth of any original broker), every 10 s
+    rss_curve: list[tuple[int, int]] = field(default_factory=list)
+    rss_growth_kib: dict[str, int] = field(default_factory=dict)  # peak, per broker
     fd_growth: int = 0
     notes: dict[str, Any] = field(default_factory=dict)
 
@@ -54,16 +59,23 @@ class Tally:
 
     @property
     def delivered(self) -> int:
-        return len({seq for seq, _, _ in self.received})
+        """Distinct published seqs delivered."""
+        return len({seq for seq, _, _ in self.received} & set(self.sent))
 
     @property
     def duplicated(self) -> int:
-        return len(self.received) - self.delivered
+        return len(self.received) - len({seq for seq, _, _ in self.received})
 
     @property
     def reordered(self) -> int:
         seqs = [seq for seq, _, _ in self.received]
         return sum(1 for x, y in itertools.pairwise(seqs) if y <= x)
+
+    @property
+    def unconfirmed(self) -> int:
+        """Delivered publications whose publish() raised (the publisher was told it may
+        have failed; the seq it had taken was delivered all the same)."""
+        return len({seq for seq, _, _ in self.received} - set(self.sent))
 
     @property
     def lost(self) -> int:
@@ -101,10 +113,28 @@ class Tally:
         ]
         return round(max([0.0, *(t - self.fault_over for t in before)]), 1)
 
+    @property
+    def rate_during_fault(self) -> float | None:
+        """Publications per second the publisher got out while the fault lasted."""
+        if self.fault_start is None or self.fault_over is None:
+            return None
+        span = self.fault_over - self.fault_start
+        n = sum(1 for t in self.published_at.values() if self.fault_start <= t <= self.fault_over)
+        return round(n / span, 1) if span > 0 else None
+
+    @property
+    def loss_window(self) -> str:
+        """When the lost publications were published, in seconds from the fault's start."""
+        lost = [self.published_at[s] for s in set(self.sent) - set(self.arrived_at)]
+        if not lost or self.fault_start is None:
+            return "-"
+        return f"{min(lost) - self.fault_start:+.1f}..{max(lost) - self.fault_start:+.1f} s"
+
     def row(self) -> dict[str, Any]:
         return {
             "published": self.published,
             "refused": self.refused,
+            "unconfirmed": self.unconfirmed,
             "delivered": self.delivered,
             "lost": self.lost,
             "duplicated": self.duplicated,
@@ -113,9 +143,11 @@ class Tally:
             "confidential": self.confidential,
             "decrypted": self.decrypted,
             "msg/s": round(self.rate, 1),
+            "msg/s during fault": self.rate_during_fault,
             "rss+KiB": self.peak_rss_growth_kib,
             "fd+": self.fd_growth,
             "catch-up s": self.catch_up,
+            "loss window": self.loss_window,
             "faults": "; ".join(self.faults),
             **self.notes,
         }
@@ -149,9 +181,12 @@ async def exchange(
     duration: float,
     rate: float,
     settle: float = 30.0,
+    size: int = 48,
+    confidential: bool = True,
 ) -> Tally:
-    """Publish for ``duration`` s at ``rate``/s while ``faults`` runs, then collect until
-    everything arrived or nothing did for ``settle`` s."""
+    """Publish for ``duration`` s at ``rate``/s while ``faults`` runs (payloads of about
+    ``size`` bytes; every other one confidential unless ``confidential`` is False), then
+    collect until everything arrived or nothing did for ``settle`` s."""
     tally = Tally()
     pub = Client(overlay.endpoints(VNS[0]), client_id="steady", request_timeout=20.0)
     sub_client = Client(overlay.endpoints(VNS[-1]), manifest=overlay.manifest)
@@ -169,18 +204,21 @@ async def exchange(
                 if now - start >= duration:
                     break
                 await asyncio.sleep(max(0.0, start + i / rate - now))
-                conf = i % 2 == 1
-                payload = f"steady #{i} ".encode() * 4
+                conf = confidential and i % 2 == 1
+                payload = f"steady #{i} ".encode().ljust(size, b".")
                 try:
                     seq = await pub.publish(
                         {"class": "rel", "i": i}, payload, ack=False, confidential=conf
                     )
-                except TrellisError:
+                except TrellisError as exc:
                     tally.refused += 1
+                    why = f"refused: {type(exc).__name__}: {exc}"[:160]
+                    tally.notes[why] = tally.notes.get(why, 0) + 1
                     continue
                 tally.sent[seq] = (payload, conf)
                 tally.published_at[seq] = time.monotonic()
             tally.seconds = time.monotonic() - start
+            tally.stopped = time.monotonic()
             try:
                 await pub.flush(timeout=60.0)
             except TrellisError as exc:
@@ -194,7 +232,10 @@ async def exchange(
                 if publishing.done():
                     if complete is None and tally.sent and tally.delivered >= tally.published:
                         complete = now
-                    if now - last > settle or (complete is not None and now - complete > 1.0):
+                    # Quiet for ``settle`` s since the last delivery, the end of publishing
+                    # and the end of the faults, whichever came last.
+                    since = max(last, tally.stopped or last, tally.fault_over or last)
+                    if now - since > settle or (complete is not None and now - complete > 1.0):
                         return
                 try:
                     msg = await sub.get(0.5)
@@ -209,10 +250,15 @@ async def exchange(
 
         async def watch_memory() -> None:
             nonlocal peak
+            begun = time.monotonic()
             while True:
+                if time.monotonic() - begun >= 10 * len(tally.rss_curve):
+                    tally.rss_curve.append((10 * len(tally.rss_curve), peak))
                 for b, pid in pids.items():
                     if overlay.brokers[b].pid == pid:
-                        peak = max(peak, rss_kib(pid) - rss0[b])
+                        grown = rss_kib(pid) - rss0[b]
+                        tally.rss_growth_kib[b] = max(tally.rss_growth_kib.get(b, 0), grown)
+                        peak = max(peak, grown)
                 await asyncio.sleep(0.25)
 
         async with asyncio.TaskGroup() as tg:
@@ -239,6 +285,7 @@ def kill_replicas(down: float, at: float = 2.0) -> Faults:
     async def run(overlay: HostOverlay, network: Network, tally: Tally) -> None:
         await asyncio.sleep(at)
         victims = [overlay.replicas_of(vn)[1] for vn in VNS]
+        tally.fault_start = time.monotonic()
         for b in victims:
             overlay.kill(b)
         tally.faults.append(f"kill -9 {', '.join(victims)} for {down:g} s")
@@ -255,6 +302,7 @@ def partition(seconds: float, at: float = 2.0) -> Faults:
 
     async def run(overlay: HostOverlay, network: Network, tally: Tally) -> None:
         await asyncio.sleep(at)
+        tally.fault_start = time.monotonic()
         network.cut(overlay.replicas_of("a"), overlay.replicas_of("b"))
         tally.faults.append(f"partition a|b for {seconds:g} s")
         await asyncio.sleep(seconds)
@@ -269,6 +317,7 @@ def impair(loss: float, delay: float, jitter: float) -> Faults:
     """Loss, delay and jitter on every packet between any two hosts, for the whole run."""
 
     async def run(overlay: HostOverlay, network: Network, tally: Tally) -> None:
+        tally.fault_start = time.monotonic()
         network.impair_all(loss=loss, delay=delay, jitter=jitter)
         tally.faults.append(
             f"{loss:.0%} loss, {delay * 1000:g} ± {jitter * 1000:g} ms on every link"
@@ -277,12 +326,18 @@ def impair(loss: float, delay: float, jitter: float) -> Faults:
     return run
 
 
+async def no_faults(overlay: HostOverlay, network: Network, tally: Tally) -> None:
+    """Nothing goes wrong (the baseline: memory, rate)."""
+    tally.faults.append("none")
+
+
 def restart_vn(down: float, at: float = 2.0, vn: str = "b") -> Faults:
     """``kill -9`` every replica of ``vn`` at ``at`` s and restart them ``down`` s later."""
 
     async def run(overlay: HostOverlay, network: Network, tally: Tally) -> None:
         await asyncio.sleep(at)
         victims = overlay.replicas_of(vn)
+        tally.fault_start = time.monotonic()
         for b in victims:
             overlay.kill(b)
         tally.faults.append(f"kill -9 all of VN {vn} for {down:g} s")
@@ -299,6 +354,10 @@ class Plan:
     faults: Faults
     duration: float  # seconds of publishing
     settle: float  # seconds without a delivery (once publishing is over) that end the run
+    rate: float | None = None  # publications per second (None: the caller's)
+    size: int = 48
+    confidential: bool = True
+    settings: dict[str, Any] = field(default_factory=dict)  # every broker's config
 
 
 SCENARIOS: dict[str, Callable[[bool], Plan]] = {
@@ -308,6 +367,25 @@ SCENARIOS: dict[str, Callable[[bool], Plan]] = {
     # first packet after the heal may take that long, so the run waits longer for it.
     "partition": lambda full: Plan(partition(10.0), 40 if full else 16, 30),
     "netem": lambda full: Plan(impair(0.05, 0.05, 0.01), 60 if full else 8, 12),
+    # A publisher offering 2 MB/s of plain publications into a 10 s partition: the links'
+    # send buffers fill (send_buffer_limit), the edge brokers stop reading from it, and its
+    # publish() waits for room. Memory stays bounded; nothing is lost.
+    "flood-partition": lambda full: Plan(
+        partition(10.0), 16, 30, rate=500.0, size=4096, confidential=False
+    ),
+    # The same offered load without the partition: what the overlay carries anyway.
+    "flood": lambda full: Plan(no_faults, 16, 12, rate=500.0, size=4096, confidential=False),
+    # Longer than the heartbeat deadline (3 x heartbeat_interval): the links close. The
+    # short version shortens the heartbeat (1 s) rather than lengthening the partition.
+    "long-partition": lambda full: (
+        Plan(partition(40.0), 70, 30)
+        if full
+        else Plan(
+            partition(8.0), 18, 12, settings={"heartbeat_interval": 1.0, "hello_timeout": 2.0}
+        )
+    ),
+    # No fault: the memory curve of steady traffic (every broker's RSS sampled).
+    "steady": lambda full: Plan(no_faults, 150 if full else 8, 12),
     "vn-restart": lambda full: Plan(restart_vn(down=5.0 if full else 3.0), 30 if full else 14, 12),
 }
 
@@ -332,7 +410,7 @@ def run_scenario(
                 network,
                 Tree(VNS, [("a", "b"), ("b", "c")]),
                 dict.fromkeys(VNS, REPLICAS),
-                {"admin_port": 0, **(settings or {})},
+                {"admin_port": 0, **plan.settings, **(settings or {})},
             )
             try:
                 return asyncio.run(
@@ -341,8 +419,10 @@ def run_scenario(
                         network,
                         plan.faults,
                         duration=plan.duration,
-                        rate=rate,
+                        rate=plan.rate or rate,
                         settle=plan.settle,
+                        size=plan.size,
+                        confidential=plan.confidential,
                     )
                 )
             finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,7 +67,7 @@ def test_a_partition_drops_packets_between_the_two_groups_only() -> None:
                     "netns",
                     "exec",
                     str(net.hosts[src].netns),
-                    "python3",
+                    sys.executable,
                     "-c",
                     "import socket,sys; s=socket.socket(); s.settimeout(1.0)\n"
                     "try: s.connect((sys.argv[1], 9))\n"
