@@ -785,7 +785,8 @@ class Broker:
         if conn not in self.connections:
             return
         self.connections.discard(conn)
-        self.congested_links.discard(conn)
+        if conn in self.congested_links:  # the clients it held back are read again
+            self.link_congested(conn, False)
         if conn.peer_id is not None:
             if conn.is_broker and self.links.get(conn.peer_id) is conn:
                 del self.links[conn.peer_id]
@@ -842,17 +843,24 @@ class Broker:
             await asyncio.sleep(interval)
             now = time.monotonic()
             paused = set(self.paused)
+            congested = bool(self.congested_links)
             for conn in list(self.connections):
                 if conn in paused:
                     continue  # not read during a reconfiguration freeze: its silence is ours
+                if congested and conn.peer_id is not None and not conn.is_broker:
+                    # Not read while a broker link is congested (back-pressure): its
+                    # silence is ours too.
+                    conn.last_seen = now
+                    continue
                 silent = now - conn.last_seen
                 if conn.peer_id is None:
                     if now - conn.opened > self.config.hello_timeout:
                         conn.fail(ProtocolError(f"no HELLO within {self.config.hello_timeout:g} s"))
                 elif silent > 3 * interval:
                     conn.fail(ProtocolError(f"peer silent for {silent:.1f} s (heartbeat timeout)"))
-                    # A silent peer reads nothing: a close that waits to flush what is queued
-                    # to it would hold the dead link open until TCP gives up (minutes).
+                    # A silent peer will not read what is queued to it: a graceful close
+                    # would wait for TCP to deliver it (minutes of retransmission back-off
+                    # after a partition) before the link is withdrawn and re-dialled.
                     if conn.transport is not None:
                         conn.transport.abort()
                 elif silent > interval:

@@ -682,7 +682,7 @@ RECONF_OPS = frozenset(
 
 def _build_reconf(name: str, raw: list[Any]) -> Reconf:
     op = raw[1]
-    if op not in RECONF_OPS:
+    if type(op) is not str or op not in RECONF_OPS:
         raise InvalidRequest(
             f"{name} field 'op' must be one of {', '.join(sorted(RECONF_OPS))}, got {op!r}"
         )
