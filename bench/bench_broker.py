@@ -7,6 +7,7 @@ Usage::
     .venv/bin/python bench/bench_broker.py --systems trellis,mosquitto,nats --repeat 3
     .venv/bin/python bench/bench_broker.py --write    # also append the medians to RESULTS-broker.md
     .venv/bin/python bench/bench_broker.py --systems trellis --tls compare   # the cost of TLS
+    .venv/bin/python bench/bench_broker.py --systems trellis --secured compare   # credentials
 
 For every system (trellis, mosquitto, amqtt, nats) and scenario (1→1, 1→10; 100-byte payloads)
 a run starts a fresh broker process, starts the subscriber processes and one publisher process
@@ -39,6 +40,11 @@ msg/s (as the C clients do for Mosquitto), so read the Trellis/nats msg/s ratio 
 With ``--tls compare`` every Trellis run is followed by the same run over TLS ("trellis+tls":
 the broker's listener TLS-only, each client presenting a client certificate, all from a CA
 made for the run with ``security.ca``; Ed25519 keys, TLS 1.3), and a table gives the change.
+With ``--secured compare`` every Trellis run is followed by the same run on a secured topic
+("trellis+secured", issue 17): the broker has ``topic_trust``, the publisher is the topic's
+owner and each subscriber holds the owner's delegation, presented in HELLO; publications carry
+``class = 'Secured/<uuid>'``. The broker checks credentials at HELLO, ADVERTISE and SUBSCRIBE,
+not per publication, so the table shows what the publish path pays for being secured.
 
 Every wait is bounded; every process a run starts is killed by PID when the run ends. Set
 ``BENCH_KEEP=1`` to keep each run's broker log and client outputs for inspection.
@@ -77,7 +83,6 @@ from peers import cpu_seconds, peer_version, start_amqtt, start_mosquitto, start
 PAYLOAD_SIZE = 100
 PROBE = b"probe"
 TOPIC = "bench"
-FILTER = "class = 'bench'"
 SYSTEMS = ("trellis", "mosquitto", "amqtt", "nats")
 PEERS = ("mosquitto", "amqtt", "nats")
 # Systems whose clients are this file's own Python processes (they report "ready"/"done").
@@ -152,6 +157,30 @@ def _client_tls() -> dict[str, str]:
     }
 
 
+def _secured_client(role: str) -> tuple[str, dict[str, object]]:
+    """The class to publish and subscribe under and the HELLO options of ``role`` (owner or
+    reader) on a secured topic, from ``BENCH_SECURED``; ``("bench", {})`` when it is unset."""
+    directory = os.environ.get("BENCH_SECURED")
+    if not directory:
+        return "bench", {}
+    import msgpack
+
+    from security.envelope import Signer, private_key_from_bytes
+    from security.topics import TopicAdvertisement
+    from security.topics_credentials import present_credentials
+    from security.topics_delegations import Delegation
+
+    data = msgpack.unpackb(Path(directory, "secured.msgpack").read_bytes(), raw=False)
+    mine = data[role]
+    signer = Signer(role, private_key_from_bytes(mine["key"]))
+    ad = TopicAdvertisement.from_wire(data["advertisement"])
+    grant = None if mine["grant"] is None else Delegation.from_wire(mine["grant"])
+    credentials = present_credentials(
+        signer, f"bench-{role}-{os.getpid()}", time.time(), [(ad, grant)]
+    )
+    return data["class"], {"credentials": credentials}
+
+
 def _say(*words: object) -> None:
     sys.stdout.write(" ".join(str(w) for w in words) + "\n")
     sys.stdout.flush()
@@ -170,13 +199,15 @@ async def _trellis_sub(endpoint: str, count: int) -> None:
     got = 0
     last = 0.0
     ready = False
+    klass, hello = _secured_client("reader")
     client = Client(
         endpoint,
-        client_id=f"bench-sub-{os.getpid()}",
+        client_id=f"bench-reader-{os.getpid()}" if hello else f"bench-sub-{os.getpid()}",
         queue_size=count + 10_000,
+        hello_options=hello,
         **_client_tls(),  # type: ignore[arg-type]
     )
-    async with client, client.subscribe(FILTER) as sub:
+    async with client, client.subscribe(f"class = '{klass}'") as sub:
 
         async def consume() -> None:
             nonlocal got, last, ready
@@ -216,11 +247,17 @@ async def _trellis_pub(endpoint: str, count: int, size: int) -> None:
     from broker.client import Client
 
     stdin = await _stdin_reader()
-    attrs = {"class": "bench"}
+    klass, hello = _secured_client("owner")
+    attrs = {"class": klass}
     payload = b"x" * size
-    client = Client(endpoint, client_id=f"bench-pub-{os.getpid()}", **_client_tls())  # type: ignore[arg-type]
+    client = Client(
+        endpoint,
+        client_id=f"bench-owner-{os.getpid()}" if hello else f"bench-pub-{os.getpid()}",
+        hello_options=hello,
+        **_client_tls(),  # type: ignore[arg-type]
+    )
     async with client:
-        await client.advertise(FILTER)
+        await client.advertise(f"class = '{klass}'")
         while line := await stdin.readline():
             command = line.strip()
             if command == b"probe":
@@ -796,6 +833,7 @@ def tables(summary: dict[tuple[str, str], Summary]) -> str:
             )
     lines += logging_table(summary)
     lines += tls_table(summary)
+    lines += secured_table(summary)
     return "\n".join(lines)
 
 
@@ -860,18 +898,103 @@ TLS = "trellis+tls"
 
 
 def _runs(
-    systems: Sequence[str], traffic_log: str, scratch: Path, tls: str = "off"
-) -> list[tuple[str, Path | None, bool]]:
-    """(system, traffic-log directory or None, TLS on) in the order to measure them: with
-    ``compare``, Trellis off then on back to back, so drifts of a shared machine hit both."""
-    runs: list[tuple[str, Path | None, bool]] = []
+    systems: Sequence[str],
+    traffic_log: str,
+    scratch: Path,
+    tls: str = "off",
+    secured: str = "off",
+) -> list[tuple[str, Path | None, bool, bool]]:
+    """(system, traffic-log directory or None, TLS on, secured topic) in the order to
+    measure them: with ``compare``, Trellis off then on back to back, so drifts of a shared
+    machine hit both."""
+    runs: list[tuple[str, Path | None, bool, bool]] = []
     for system in systems:
-        runs.append((system, None, False))
+        runs.append((system, None, False, False))
         if system == "trellis" and traffic_log == "compare":
-            runs.append((system, scratch / "traffic", False))
+            runs.append((system, scratch / "traffic", False, False))
         if system == "trellis" and tls == "compare":
-            runs.append((system, None, True))
+            runs.append((system, None, True, False))
+        if system == "trellis" and secured == "compare":
+            runs.append((system, None, False, True))
     return runs
+
+
+# The cost of credential checks (issue 17): Trellis run again on a secured topic.
+SECURED = "trellis+secured"
+
+
+def _make_secured(directory: Path) -> Path:
+    """A TDN trust file, a topic advertisement, its owner's key and a reader's key and
+    delegation, for the secured runs."""
+    import uuid
+
+    import msgpack
+
+    from broker.daemon.topic_guard import secured_class
+    from security.envelope import Signer, private_key_to_bytes, public_key_to_bytes
+    from security.topics import issue_advertisement, make_request
+    from security.topics_delegations import delegate
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tdn, owner, reader = (Signer.generate(n) for n in ("tdn-1", "owner", "reader"))
+    (directory / "tdns.json").write_text(
+        json.dumps({"tdn-1": public_key_to_bytes(tdn.public_key).hex()})
+    )
+    now = time.time()
+    req = make_request(owner, "bench", nonce=os.urandom(16), now=now, lifetime=86400)
+    ad = issue_advertisement(
+        tdn, req, uuid=str(uuid.uuid4()), now=now, depth=0, expires=now + 86400
+    )
+    grant = delegate(owner, ad, public_key_to_bytes(reader.public_key), "subscribe", now=now)
+    data = {
+        "class": secured_class(ad.uuid),
+        "advertisement": ad.to_wire(),
+        "owner": {"key": private_key_to_bytes(owner.key), "grant": None},
+        "reader": {"key": private_key_to_bytes(reader.key), "grant": grant.to_wire()},
+    }
+    (directory / "secured.msgpack").write_bytes(msgpack.packb(data, use_bin_type=True))
+    return directory
+
+
+@contextlib.contextmanager
+def _secured(directory: Path | None) -> Iterator[None]:
+    """Brokers started inside guard secured topics; clients use the topic in ``directory``."""
+    saved = {key: os.environ.get(key) for key in ("TRELLIS_TOPIC_TRUST", "BENCH_SECURED")}
+    if directory is not None:
+        os.environ["TRELLIS_TOPIC_TRUST"] = str(directory / "tdns.json")
+        os.environ["BENCH_SECURED"] = str(directory)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def secured_table(summary: dict[tuple[str, str], Summary]) -> list[str]:
+    """Secured topic vs open per scenario (empty without ``--secured compare`` runs)."""
+    lines = []
+    for scenario in SCENARIOS:
+        off, on = summary.get(("trellis", scenario)), summary.get((SECURED, scenario))
+        if off is None or on is None:
+            continue
+        cpu = on.broker_us / off.broker_us - 1
+        rate = on.rate / off.rate - 1 if off.rate else float("nan")
+        lines.append(
+            f"| {scenario} | {off.broker_us:.2f} → {on.broker_us:.2f} | {cpu:+.0%} "
+            f"| {off.rate:,.0f} → {on.rate:,.0f} | {rate:+.0%} |"
+        )
+    if not lines:
+        return []
+    return [
+        "",
+        "| scenario | broker CPU µs/delivery, open → secured topic (medians) | change "
+        "| delivered msg/s open → secured | change |",
+        "|---|---|---|---|---|",
+        *lines,
+    ]
 
 
 def _make_pki(directory: Path) -> Path:
@@ -998,6 +1121,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="off",
         help="compare: run Trellis in plaintext, then over TLS (as 'trellis+tls')",
     )
+    parser.add_argument(
+        "--secured",
+        choices=("off", "compare"),
+        default="off",
+        help="compare: run Trellis on an open topic, then on a secured one ('trellis+secured')",
+    )
     args = parser.parse_args(argv)
     repeat = args.repeat or (1 if args.quick else 3)
     systems = [s for s in args.systems.split(",") if s]
@@ -1023,22 +1152,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         for rep in range(repeat):
             for scenario in scenarios:
                 n_subs = SCENARIOS[scenario]
-                for system, traffic, tls in _runs(systems, args.traffic_log, scratch, args.tls):
+                for system, traffic, tls, sec in _runs(
+                    systems, args.traffic_log, scratch, args.tls, args.secured
+                ):
                     count = max(1, int(COUNTS[system, n_subs] * args.scale))
                     pki = scratch / "pki"
                     if tls and not pki.exists():
                         _make_pki(pki)
+                    topic = scratch / "secured"
+                    if sec and not topic.exists():
+                        _make_secured(topic)
                     try:
-                        with _traffic_log(traffic), _tls(pki if tls else None):
+                        with (
+                            _traffic_log(traffic),
+                            _tls(pki if tls else None),
+                            _secured(topic if sec else None),
+                        ):
                             r = measure(system, scenario, n_subs, count, scratch)
                     except Exception as exc:
-                        name = TLS if tls else system
+                        name = TLS if tls else SECURED if sec else system
                         print(f"[{rep + 1}/{repeat}] {name} {scenario}: FAILED: {exc!r}")
                         continue
                     if traffic is not None:
                         r = replace(r, system=LOGGED)
                     if tls:
                         r = replace(r, system=TLS)
+                    if sec:
+                        r = replace(r, system=SECURED)
                     results.append(r)
                     print(
                         f"[{rep + 1}/{repeat}] {r.system:11} {scenario:5} {r.deliveries:>7}/"
