@@ -832,8 +832,8 @@ def tables(summary: dict[tuple[str, str], Summary]) -> str:
                 f"| {rate_ratio:.2f}× | {_goal('≥', rate_goal, rate_ratio)} |"
             )
     lines += logging_table(summary)
-    lines += tls_table(summary)
-    lines += secured_table(summary)
+    lines += comparison_table(summary, TLS, "TLS off", "on")
+    lines += comparison_table(summary, SECURED, "open topic", "secured")
     return "\n".join(lines)
 
 
@@ -956,45 +956,13 @@ def _make_secured(directory: Path) -> Path:
     return directory
 
 
-@contextlib.contextmanager
-def _secured(directory: Path | None) -> Iterator[None]:
+def _secured(directory: Path | None) -> contextlib.AbstractContextManager[None]:
     """Brokers started inside guard secured topics; clients use the topic in ``directory``."""
-    saved = {key: os.environ.get(key) for key in ("TRELLIS_TOPIC_TRUST", "BENCH_SECURED")}
-    if directory is not None:
-        os.environ["TRELLIS_TOPIC_TRUST"] = str(directory / "tdns.json")
-        os.environ["BENCH_SECURED"] = str(directory)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def secured_table(summary: dict[tuple[str, str], Summary]) -> list[str]:
-    """Secured topic vs open per scenario (empty without ``--secured compare`` runs)."""
-    lines = []
-    for scenario in SCENARIOS:
-        off, on = summary.get(("trellis", scenario)), summary.get((SECURED, scenario))
-        if off is None or on is None:
-            continue
-        cpu = on.broker_us / off.broker_us - 1
-        rate = on.rate / off.rate - 1 if off.rate else float("nan")
-        lines.append(
-            f"| {scenario} | {off.broker_us:.2f} → {on.broker_us:.2f} | {cpu:+.0%} "
-            f"| {off.rate:,.0f} → {on.rate:,.0f} | {rate:+.0%} |"
-        )
-    if not lines:
-        return []
-    return [
-        "",
-        "| scenario | broker CPU µs/delivery, open → secured topic (medians) | change "
-        "| delivered msg/s open → secured | change |",
-        "|---|---|---|---|---|",
-        *lines,
-    ]
+    if directory is None:
+        return _environment({})
+    return _environment(
+        {"TRELLIS_TOPIC_TRUST": str(directory / "tdns.json"), "BENCH_SECURED": str(directory)}
+    )
 
 
 def _make_pki(directory: Path) -> Path:
@@ -1008,18 +976,11 @@ def _make_pki(directory: Path) -> Path:
 
 
 @contextlib.contextmanager
-def _tls(directory: Path | None) -> Iterator[None]:
-    """Brokers and clients started inside speak TLS with the files in ``directory``."""
-    names = {
-        "TRELLIS_TLS_CA": "ca.crt",
-        "TRELLIS_TLS_CERT": "bench.crt",
-        "TRELLIS_TLS_KEY": "bench.key",
-    }
-    saved = {key: os.environ.get(key) for key in [*names, "BENCH_TLS"]}
-    if directory is not None:
-        for key, name in names.items():
-            os.environ[key] = str(directory / name)
-        os.environ["BENCH_TLS"] = str(directory)
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for what starts inside (brokers read ``TRELLIS_*``, the
+    client processes ``BENCH_*``), and restore them after."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
     try:
         yield
     finally:
@@ -1030,27 +991,44 @@ def _tls(directory: Path | None) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def tls_table(summary: dict[tuple[str, str], Summary]) -> list[str]:
-    """TLS on vs off per scenario (empty without ``--tls compare`` runs)."""
+def _tls(directory: Path | None) -> contextlib.AbstractContextManager[None]:
+    """Brokers and clients started inside speak TLS with the files in ``directory``."""
+    if directory is None:
+        return _environment({})
+    return _environment(
+        {
+            "TRELLIS_TLS_CA": str(directory / "ca.crt"),
+            "TRELLIS_TLS_CERT": str(directory / "bench.crt"),
+            "TRELLIS_TLS_KEY": str(directory / "bench.key"),
+            "BENCH_TLS": str(directory),
+        }
+    )
+
+
+def comparison_table(
+    summary: dict[tuple[str, str], Summary], variant: str, off: str, on: str
+) -> list[str]:
+    """Plain Trellis against its ``variant`` run per scenario (``off`` and ``on`` name the
+    two in the header); empty without such runs (``--tls compare``, ``--secured compare``)."""
     lines = []
     for scenario in SCENARIOS:
-        off, on = summary.get(("trellis", scenario)), summary.get((TLS, scenario))
-        if off is None or on is None:
+        base, other = summary.get(("trellis", scenario)), summary.get((variant, scenario))
+        if base is None or other is None:
             continue
-        cpu = on.broker_us / off.broker_us - 1
-        rate = on.rate / off.rate - 1 if off.rate else float("nan")
-        pub = on.pub_us / off.pub_us - 1 if off.pub_us > 0 else float("nan")
+        cpu = other.broker_us / base.broker_us - 1
+        rate = other.rate / base.rate - 1 if base.rate else float("nan")
+        pub = other.pub_us / base.pub_us - 1 if base.pub_us > 0 else float("nan")
         lines.append(
-            f"| {scenario} | {off.broker_us:.2f} → {on.broker_us:.2f} | {cpu:+.0%} "
-            f"| {off.rate:,.0f} → {on.rate:,.0f} | {rate:+.0%} "
-            f"| {_fmt(off.pub_us)} → {_fmt(on.pub_us)} | {pub:+.0%} |"
+            f"| {scenario} | {base.broker_us:.2f} → {other.broker_us:.2f} | {cpu:+.0%} "
+            f"| {base.rate:,.0f} → {other.rate:,.0f} | {rate:+.0%} "
+            f"| {_fmt(base.pub_us)} → {_fmt(other.pub_us)} | {pub:+.0%} |"
         )
     if not lines:
         return []
     return [
         "",
-        "| scenario | broker CPU µs/delivery, TLS off → on (medians) | change "
-        "| delivered msg/s off → on | change | publisher CPU µs/msg off → on | change |",
+        f"| scenario | broker CPU µs/delivery, {off} → {on} (medians) | change "
+        f"| delivered msg/s {off} → {on} | change | publisher CPU µs/msg {off} → {on} | change |",
         "|---|---|---|---|---|---|---|",
         *lines,
     ]
