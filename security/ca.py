@@ -52,13 +52,14 @@ __all__ = [
     "write_issued",
 ]
 
-Role = Literal["broker", "client"]
+Role = Literal["broker", "client", "tdn"]
 KeyType = Literal["ed25519", "ecdsa"]
 PrivateKey = ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey
 
 CA_CERT = "ca.crt"
 CA_KEY = "ca.key"
 _URN = "urn:trellis:"
+_ROLES: dict[str, Role] = {"broker": "broker", "client": "client", "tdn": "tdn"}
 # Where no --san is given, a broker certificate names the loopback addresses, so a
 # local overlay's clients can check the name they dial.
 _LOCAL_SANS = ("localhost", "127.0.0.1", "::1")
@@ -168,8 +169,8 @@ def identity_from_sans(sans: Iterable[tuple[str, str]]) -> Identity | None:
     for kind, value in sans:
         if kind == "URI" and value.startswith(_URN):
             role, sep, name = value[len(_URN) :].partition(":")
-            if sep and name and role in ("broker", "client"):
-                return Identity("broker" if role == "broker" else "client", unquote(name))
+            if sep and name and role in _ROLES:
+                return Identity(_ROLES[role], unquote(name))
     return None
 
 
@@ -209,8 +210,9 @@ def issue(
     Args:
         ca: the issuing CA.
         name: the broker id or client id the certificate proves.
-        role: ``broker`` (may serve and dial links: server and client authentication) or
-            ``client`` (client authentication only).
+        role: ``broker`` (may serve and dial links: server and client authentication),
+            ``client`` (client authentication only) or ``tdn`` (a topic discovery node: its
+            key signs topic advertisements, and it connects as a client).
         sans: DNS names and IP addresses a client may dial the holder by (brokers). A
             broker's certificate also names its id when that is a valid DNS name, and
             ``localhost``, ``127.0.0.1`` and ``::1`` when ``sans`` is empty.

@@ -34,12 +34,15 @@ __all__ = [
     "AdvertisementError",
     "HierarchySpec",
     "ReplayGuard",
+    "TdnAuthority",
     "TopicAdvertisement",
     "TopicRequest",
+    "TrustedTdns",
     "Value",
     "check_response",
     "issue_advertisement",
     "make_request",
+    "tdn_trusted",
     "verify_advertisement",
 ]
 
@@ -332,6 +335,9 @@ class TopicAdvertisement:
         issued, expires: wall-clock seconds; a child never expires after its parent.
         depth: 0 for a root or stand-alone topic, the parent's depth + 1 otherwise.
         signature: the TDN's signature over :meth:`signed_bytes`.
+        certificate: the TDN's X.509 certificate (DER, role ``tdn``) from the project CA, or
+            empty; it binds ``tdn`` to ``tdn_key`` for verifiers that trust the CA rather than
+            a list of TDN keys, so it is not under the signature.
     """
 
     uuid: str
@@ -343,6 +349,7 @@ class TopicAdvertisement:
     expires: float
     depth: int
     signature: bytes = b""
+    certificate: bytes = b""
 
     @property
     def owner(self) -> str:
@@ -378,6 +385,7 @@ class TopicAdvertisement:
             float(self.expires),
             self.depth,
             bytes(self.signature),
+            *([bytes(self.certificate)] if self.certificate else []),
         ]
 
     @classmethod
@@ -388,9 +396,12 @@ class TopicAdvertisement:
         Raises:
             InvalidRequest: a field is missing, of the wrong type or out of range.
         """
-        if not isinstance(data, list | tuple) or len(data) != 9:
-            raise InvalidRequest("a topic advertisement is a list of 9 fields")
-        uuid, req, digest, tdn, tdn_key, issued, expires, depth, sig = data
+        if not isinstance(data, list | tuple) or len(data) not in (9, 10):
+            raise InvalidRequest("a topic advertisement is a list of 9 fields (+ certificate)")
+        uuid, req, digest, tdn, tdn_key, issued, expires, depth, sig = data[:9]
+        certificate = data[9] if len(data) == 10 else b""
+        if not isinstance(certificate, bytes) or len(certificate) > 16384:
+            raise InvalidRequest("certificate must be DER bytes (at most 16 KiB)")
         if not isinstance(digest, bytes) or len(digest) != 32:
             raise InvalidRequest("digest must be 32 bytes")
         if not isinstance(tdn_key, bytes) or len(tdn_key) != 32:
@@ -416,6 +427,7 @@ class TopicAdvertisement:
             float(expires),
             depth,
             sig,
+            certificate,
         )
 
     def live(self, now: float) -> bool:
@@ -423,9 +435,17 @@ class TopicAdvertisement:
 
 
 def issue_advertisement(
-    tdn: Signer, request: TopicRequest, *, uuid: str, now: float, depth: int, expires: float
+    tdn: Signer,
+    request: TopicRequest,
+    *,
+    uuid: str,
+    now: float,
+    depth: int,
+    expires: float,
+    certificate: bytes = b"",
 ) -> TopicAdvertisement:
-    """The TDN's side: sign the advertisement of ``request`` (UUID and clock passed in).
+    """The TDN's side: sign the advertisement of ``request`` (UUID and clock passed in),
+    with the TDN's certificate (DER) when it has one.
 
     The caller has checked the request (signature, hierarchy rules, replay).
     """
@@ -438,24 +458,80 @@ def issue_advertisement(
         float(now),
         float(expires),
         depth,
+        certificate=bytes(certificate),
     )
     return replace(ad, signature=tdn.sign(ad.signed_bytes()))
 
 
+@dataclass(frozen=True)
+class TdnAuthority:
+    """Trust in TDNs through the project CA instead of a list of their keys: an
+    advertisement is from a trusted TDN when it carries a certificate the CA issued for role
+    ``tdn`` and the advertisement's TDN id, for the key that signed it.
+
+    Attributes:
+        ca_der: the CA's certificate (DER).
+    """
+
+    ca_der: bytes
+
+    def certified_key(self, tdn: str, certificate: bytes, now: float | None = None) -> bytes | None:
+        """The key the CA certified for TDN ``tdn`` in ``certificate`` (DER), or None when
+        the certificate does not prove it (another CA, another role or name, expired)."""
+        from cryptography import x509
+
+        from security.ca import Identity, identity_of, verify_issued
+        from security.tls import peer_key
+
+        if not certificate:
+            return None
+        try:
+            ca = x509.load_der_x509_certificate(self.ca_der)
+            cert = x509.load_der_x509_certificate(bytes(certificate))
+        except ValueError:
+            return None
+        if not verify_issued(ca, cert) or identity_of(cert) != Identity("tdn", tdn):
+            return None
+        if now is not None and not (
+            cert.not_valid_before_utc.timestamp() <= now <= cert.not_valid_after_utc.timestamp()
+        ):
+            return None
+        return peer_key(bytes(certificate))
+
+
+TrustedTdns = Mapping[str, bytes] | TdnAuthority
+"""Who may issue advertisements: TDN id -> raw Ed25519 key, or the project CA."""
+
+
+def tdn_trusted(
+    trusted: TrustedTdns,
+    tdn: str,
+    key: bytes,
+    certificate: bytes = b"",
+    now: float | None = None,
+) -> bool:
+    """Whether ``key`` is TDN ``tdn``'s key for ``trusted`` (with a CA, ``certificate``
+    must be the CA's certificate of ``tdn`` for ``key``)."""
+    if isinstance(trusted, TdnAuthority):
+        return trusted.certified_key(tdn, certificate, now) == bytes(key)
+    return trusted.get(tdn) == bytes(key)
+
+
 def verify_advertisement(
-    ad: TopicAdvertisement, trusted: Mapping[str, bytes], now: float | None = None
+    ad: TopicAdvertisement, trusted: TrustedTdns, now: float | None = None
 ) -> None:
     """Check that a trusted TDN issued ``ad`` for exactly this request, and (given ``now``)
     that it has not expired.
 
     Args:
-        trusted: TDN id -> raw Ed25519 public key (the trust anchor operators distribute).
+        trusted: TDN id -> raw Ed25519 public key (the trust anchor operators distribute),
+            or a :class:`TdnAuthority` (the project CA certifies TDNs).
 
     Raises:
         AdvertisementError: with ``reason`` untrusted-tdn, forged, digest, request-forged or
             expired.
     """
-    if trusted.get(ad.tdn) != bytes(ad.tdn_key):
+    if not tdn_trusted(trusted, ad.tdn, ad.tdn_key, ad.certificate, now):
         raise AdvertisementError(
             f"topic {ad.uuid}: issued by {ad.tdn!r}, which is not a trusted TDN "
             "(or not with this key)",
@@ -479,7 +555,7 @@ def verify_advertisement(
 
 
 def check_response(
-    ad: TopicAdvertisement, sent: TopicRequest, trusted: Mapping[str, bytes], now: float
+    ad: TopicAdvertisement, sent: TopicRequest, trusted: TrustedTdns, now: float
 ) -> None:
     """The creator's check of a TDN's response: a valid advertisement of *this* request.
 

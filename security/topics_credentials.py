@@ -17,7 +17,7 @@ key, the certificate is the proof (checked in the handshake) and nothing can be 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +25,7 @@ import msgpack
 
 from security.envelope import Signer, public_key_to_bytes
 from security.errors import InvalidRequest, NotAuthorized, TrellisError
-from security.topics import TopicAdvertisement, verify_advertisement
+from security.topics import TopicAdvertisement, TrustedTdns, verify_advertisement
 from security.topics_delegations import Delegation, DelegationError, authorize
 from security.topics_identity import signature_valid
 
@@ -66,7 +66,7 @@ class Credentials:
 def read_credentials(
     client_id: str,
     option: object,
-    trusted: Mapping[str, bytes],
+    trusted: TrustedTdns,
     now: float,
     max_skew: float = 300.0,
     certified_key: bytes | None = None,

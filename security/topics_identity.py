@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cryptography.exceptions import InvalidSignature
 
@@ -27,6 +28,9 @@ from security.envelope import (
     public_key_to_bytes,
 )
 from security.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from security.topics import TrustedTdns
 
 __all__ = [
     "Identity",
@@ -102,16 +106,33 @@ def save_identity(signer: Signer, path: str | Path) -> None:
     target.chmod(0o600)
 
 
-def load_trusted_tdns(path: str | Path) -> dict[str, bytes]:
-    """The trusted TDNs file: JSON ``{"tdn-id": "<hex raw Ed25519 public key>", ...}``.
+def load_trusted_tdns(path: str | Path) -> TrustedTdns:
+    """The trusted TDNs: a JSON file ``{"tdn-id": "<hex raw Ed25519 public key>", ...}``, or
+    the project CA's certificate (PEM, ``trellis ca init``'s ``ca.crt``): then any TDN the CA
+    certified (``trellis ca issue --tdn``) is trusted under its certified id and key.
 
     Raises:
-        InvalidRequest: unreadable, or an entry is not 32 bytes of hex.
+        InvalidRequest: unreadable, not a certificate, or an entry is not 32 bytes of hex.
     """
+    from security.topics import TdnAuthority
+
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, ValueError) as exc:
+        raise InvalidRequest(f"cannot read the trusted TDNs file {str(path)!r}: {exc}") from None
+    if text.lstrip().startswith("-----BEGIN CERTIFICATE"):
+        from cryptography import x509
+        from cryptography.hazmat.primitives.serialization import Encoding
+
+        try:
+            ca = x509.load_pem_x509_certificate(text.encode())
+        except ValueError as exc:
+            raise InvalidRequest(f"{path}: not a PEM certificate: {exc}") from None
+        return TdnAuthority(ca.public_bytes(Encoding.DER))
+    try:
+        data = json.loads(text)
         trusted = {str(k): bytes.fromhex(v) for k, v in data.items()}
-    except (OSError, ValueError, AttributeError, TypeError) as exc:
+    except (ValueError, AttributeError, TypeError) as exc:
         raise InvalidRequest(f"cannot read the trusted TDNs file {str(path)!r}: {exc}") from None
     bad = sorted(k for k, v in trusted.items() if len(v) != 32)
     if bad:

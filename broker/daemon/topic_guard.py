@@ -24,6 +24,7 @@ from collections.abc import Mapping
 
 from broker.language.filters import Filter, Op, Predicate
 from security.errors import NotAuthorized
+from security.topics import TdnAuthority, TrustedTdns
 from security.topics_credentials import Credentials, check_grant, read_credentials
 
 __all__ = ["SECURED_PREFIX", "TopicGuard", "secured_class"]
@@ -40,8 +41,8 @@ def secured_class(topic: str) -> str:
 class TopicGuard:
     """The broker's check of secured-topic rights (pure but for the clock)."""
 
-    def __init__(self, trusted: Mapping[str, bytes]) -> None:
-        self.trusted = dict(trusted)
+    def __init__(self, trusted: TrustedTdns) -> None:
+        self.trusted: TrustedTdns = trusted if isinstance(trusted, TdnAuthority) else dict(trusted)
 
     def admit(
         self, client_id: str, options: Mapping[str, object], certified_key: bytes | None = None

@@ -30,7 +30,7 @@ def cmd_ca_issue(args: argparse.Namespace) -> int:
 
     ca = load_ca(Path(args.ca))
     key = load_private_key(Path(args.key)) if args.key else None
-    role: Role = "client" if args.client else "broker"
+    role: Role = "client" if args.client else "tdn" if args.tdn else "broker"
     issued = issue(
         ca, args.name, role, sans=args.san, key=key, key_type=args.key_type, days=args.days
     )
@@ -85,6 +85,9 @@ def add_ca_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     role = iss.add_mutually_exclusive_group()
     role.add_argument("--broker", action="store_true", help="a broker certificate (the default)")
     role.add_argument("--client", action="store_true", help="a client certificate")
+    role.add_argument(
+        "--tdn", action="store_true", help="a topic discovery node's certificate (trellis tdn)"
+    )
     iss.add_argument(
         "--san",
         action="append",

@@ -62,9 +62,12 @@ from security.errors import NotAuthorized
 from security.topics import (
     AdvertisementError,
     ReplayGuard,
+    TdnAuthority,
     TopicAdvertisement,
     TopicRequest,
+    TrustedTdns,
     issue_advertisement,
+    tdn_trusted,
     verify_advertisement,
 )
 from security.topics_channel import open_request
@@ -90,7 +93,16 @@ __all__ = [
     "start_tdn_process",
 ]
 
-_KEYS = {"id", "endpoint", "identity", "trusted", "max_skew", "max_results", "ready_file"}
+_KEYS = {
+    "id",
+    "endpoint",
+    "identity",
+    "certificate",
+    "trusted",
+    "max_skew",
+    "max_results",
+    "ready_file",
+}
 
 
 @dataclass
@@ -101,8 +113,10 @@ class TdnConfig:
         id: the TDN's id (its identity file's id when not given).
         endpoints: the VN it attaches to (replicas of one VN, or alternatives).
         identity: its identity file (``security.topics_identity``).
-        trusted: the trusted TDNs file; advertisements of other TDNs are accepted only
-            from these keys.
+        trusted: the trusted TDNs file (TDN keys, or the project CA's certificate);
+            advertisements of other TDNs are accepted only from TDNs it trusts.
+        certificate: this TDN's certificate (PEM, ``trellis ca issue --tdn --key IDENTITY``),
+            sent with its advertisements and answers, for entities that trust the CA.
         max_skew: seconds a creation request's time may differ from the TDN's clock.
         max_results: most topics one query answers with.
     """
@@ -114,6 +128,7 @@ class TdnConfig:
     max_skew: float = 300.0
     max_results: int = 1000
     ready_file: Path | None = None
+    certificate: Path | None = None
 
     @classmethod
     def load(cls, path: str | Path, ready_file: str | None = None) -> TdnConfig:
@@ -154,6 +169,7 @@ class TdnConfig:
             max_skew=max_skew,
             max_results=max_results,
             ready_file=Path(ready) if ready else None,
+            certificate=local("certificate") if table.get("certificate") else None,
         )
 
 
@@ -186,14 +202,16 @@ class TopicDiscoveryNode:
     def __init__(
         self,
         signer: Signer,
-        trusted: Mapping[str, bytes],
+        trusted: TrustedTdns,
         *,
         max_skew: float = 300.0,
         max_results: int = 1000,
+        certificate: bytes = b"",
     ) -> None:
         self.signer = signer
+        self.certificate = bytes(certificate)
         self.id = signer.id
-        self.trusted = dict(trusted)
+        self.trusted: TrustedTdns = trusted if isinstance(trusted, TdnAuthority) else dict(trusted)
         self.topics = TopicRegistry()
         self.collections = CollectionRegistry()
         self.guard = ReplayGuard(max_skew)
@@ -202,10 +220,13 @@ class TopicDiscoveryNode:
         self.stats = TdnStats()
         # (attributes, payload) to publish; the I/O loop drains it.
         self.outbox: asyncio.Queue[tuple[dict[str, Any], bytes]] = asyncio.Queue(10_000)
-        if self.trusted.get(self.id) != public_key_to_bytes(signer.public_key):
+        if not tdn_trusted(
+            self.trusted, self.id, public_key_to_bytes(signer.public_key), self.certificate
+        ):
             log.warning(
-                "this TDN (%s) is not in its own trusted TDNs file: entities that use the "
-                "same file will refuse its advertisements",
+                "this TDN (%s) is not trusted by its own trusted TDNs file (or its certificate "
+                "is not the CA's for this id and key): entities that use the same file will "
+                "refuse its advertisements",
                 self.id,
             )
 
@@ -244,7 +265,7 @@ class TopicDiscoveryNode:
 
     def _reply(self, to: str, rid: str, reply: bytes, body: dict[str, Any]) -> None:
         attrs = {"class": REPLY_CLASS, "to": to, "rid": rid, "from": self.id}
-        self._send(attrs, seal_answer(self.signer, reply, body))
+        self._send(attrs, seal_answer(self.signer, reply, body, self.certificate))
 
     def _send(self, attrs: dict[str, Any], payload: bytes) -> None:
         try:
@@ -295,7 +316,13 @@ class TopicDiscoveryNode:
         expires = now + request.lifetime
         depth = self.topics.check(request, now, expires)
         ad = issue_advertisement(
-            self.signer, request, uuid=str(uuid.uuid4()), now=now, depth=depth, expires=expires
+            self.signer,
+            request,
+            uuid=str(uuid.uuid4()),
+            now=now,
+            depth=depth,
+            expires=expires,
+            certificate=self.certificate,
         )
         self.topics.add(ad)
         self.guard.remember(request, ad.uuid, now)
@@ -381,7 +408,7 @@ class TopicDiscoveryNode:
             "from": self.id,
         }
         body = {"rid": "", "ok": True, "result": {"change": change}}
-        self._send(attrs, seal_answer(self.signer, watcher.reply, body))
+        self._send(attrs, seal_answer(self.signer, watcher.reply, body, self.certificate))
 
     def _watch_topic(
         self, principal: str, sender: str, reply: bytes, body: dict[str, Any], now: float
@@ -422,7 +449,12 @@ class TopicDiscoveryNode:
             subs = [await stack.enter_async_context(client.subscribe(f)) for f in filters]
             if ready_file is not None:
                 await asyncio.to_thread(ready_file.write_text, f"id={self.id}\n")
-            log.info("TDN %s serving (%d trusted TDNs)", self.id, len(self.trusted))
+            trust = (
+                "TDNs certified by the project CA"
+                if isinstance(self.trusted, TdnAuthority)
+                else f"{len(self.trusted)} trusted TDNs"
+            )
+            log.info("TDN %s serving (%s)", self.id, trust)
             async with asyncio.TaskGroup() as tasks:
                 workers = [tasks.create_task(self._read(sub)) for sub in subs]
                 workers.append(tasks.create_task(self._write(client)))
@@ -476,7 +508,12 @@ class TopicDiscoveryNode:
 
 
 def start_tdn_process(
-    workdir: Path, signer: Signer, endpoint: str, trusted: Path, timeout: float = 30.0
+    workdir: Path,
+    signer: Signer,
+    endpoint: str,
+    trusted: Path,
+    timeout: float = 30.0,
+    certificate: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     """Write ``signer``'s identity and a config in ``workdir``, start ``trellis tdn`` as a
     process (log in ``workdir/<id>.log``) and return once it serves; tests and benchmarks use
@@ -489,7 +526,8 @@ def start_tdn_process(
     save_identity(signer, identity)
     config = workdir / f"{signer.id}.tdn.toml"
     config.write_text(
-        f'[tdn]\nendpoint = "{endpoint}"\nidentity = "{identity}"\ntrusted = "{trusted}"\n',
+        f'[tdn]\nendpoint = "{endpoint}"\nidentity = "{identity}"\ntrusted = "{trusted}"\n'
+        + (f'certificate = "{certificate}"\n' if certificate is not None else ""),
         encoding="utf-8",
     )
     ready = workdir / f"{signer.id}.ready"
@@ -543,6 +581,24 @@ def cmd_tdn(args: argparse.Namespace) -> int:
     return 0
 
 
+def _certificate_der(path: Path | None) -> bytes:
+    """The TDN's certificate as DER (empty without one).
+
+    Raises:
+        InvalidRequest: unreadable or not a PEM certificate.
+    """
+    if path is None:
+        return b""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    try:
+        cert = x509.load_pem_x509_certificate(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise InvalidRequest(f"[tdn] certificate {str(path)!r}: {exc}") from None
+    return cert.public_bytes(Encoding.DER)
+
+
 async def _serve(config: TdnConfig) -> TdnStats:
     from broker.client import Client
 
@@ -556,6 +612,7 @@ async def _serve(config: TdnConfig) -> TdnStats:
         load_trusted(config.trusted),
         max_skew=config.max_skew,
         max_results=config.max_results,
+        certificate=_certificate_der(config.certificate),
     )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

@@ -113,18 +113,24 @@ def error_from_wire(error: object) -> TrellisError:
     return exc
 
 
-def seal_answer(signer: Signer, reply_key: bytes, body: dict[str, Any]) -> bytes:
-    """An answer to a request that named ``reply_key``, signed by ``signer``."""
+def seal_answer(
+    signer: Signer, reply_key: bytes, body: dict[str, Any], certificate: bytes = b""
+) -> bytes:
+    """An answer to a request that named ``reply_key``, signed by ``signer`` (with its
+    certificate, DER, when it has one: requesters that trust the CA check it)."""
     raw = msgpack.packb(body, use_bin_type=True)
     signature = signer.sign(msgpack.packb([_ANSWER_DOMAIN, raw], use_bin_type=True))
-    packed = msgpack.packb(
-        [signer.id, public_key_to_bytes(signer.public_key), signature, raw], use_bin_type=True
-    )
-    return seal_reply(reply_key, packed)
+    fields: list[Any] = [signer.id, public_key_to_bytes(signer.public_key), signature, raw]
+    if certificate:
+        fields.append(bytes(certificate))
+    return seal_reply(reply_key, msgpack.packb(fields, use_bin_type=True))
 
 
-def open_answer(reply_key: ReplyKey, sealed: bytes) -> tuple[str, bytes, dict[str, Any]]:
-    """(signer id, signer key, body) of an answer; the caller checks who signed it.
+def open_answer(
+    reply_key: ReplyKey, sealed: bytes
+) -> tuple[str, bytes, dict[str, Any], bytes]:
+    """(signer id, signer key, body, certificate or empty) of an answer; the caller checks
+    who signed it.
 
     Raises:
         IntegrityError: not sealed to ``reply_key``, or the signature does not verify.
@@ -132,12 +138,19 @@ def open_answer(reply_key: ReplyKey, sealed: bytes) -> tuple[str, bytes, dict[st
     """
     plain = open_reply(reply_key, sealed)
     try:
-        signer_id, key, signature, raw = msgpack.unpackb(plain, raw=False)
+        fields = msgpack.unpackb(plain, raw=False)
+        signer_id, key, signature, raw = fields[:4]
+        certificate = fields[4] if len(fields) == 5 else b""
         body = msgpack.unpackb(raw, raw=False)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise InvalidRequest(f"malformed answer: {exc}") from None
-    if not isinstance(body, dict) or not isinstance(key, bytes) or not isinstance(signer_id, str):
+    if (
+        not isinstance(body, dict)
+        or not isinstance(key, bytes)
+        or not isinstance(signer_id, str)
+        or not isinstance(certificate, bytes)
+    ):
         raise InvalidRequest("malformed answer")
     if not signature_valid(key, signature, msgpack.packb([_ANSWER_DOMAIN, raw], use_bin_type=True)):
         raise IntegrityError(f"the answer signed as {signer_id!r} does not verify")
-    return signer_id, key, body
+    return signer_id, key, body, certificate

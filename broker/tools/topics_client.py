@@ -53,10 +53,13 @@ from security.envelope import Signer, public_key_to_bytes
 from security.topics import (
     AdvertisementError,
     HierarchySpec,
+    TdnAuthority,
     TopicAdvertisement,
+    TrustedTdns,
     Value,
     check_response,
     make_request,
+    tdn_trusted,
     verify_advertisement,
 )
 from security.topics_channel import ReplyKey, open_request, sign_request
@@ -94,7 +97,8 @@ class _Call:
     def __init__(self, many: bool) -> None:
         self.key = ReplyKey()
         self.many = many
-        self.answers: asyncio.Queue[tuple[str, bytes, dict[str, Any]]] = asyncio.Queue(256)
+        # (signer id, signer key, body, signer certificate or empty)
+        self.answers: asyncio.Queue[tuple[str, bytes, dict[str, Any], bytes]] = asyncio.Queue(256)
 
 
 class TopicsClient:
@@ -112,14 +116,14 @@ class TopicsClient:
         self,
         client: Client,
         signer: Signer,
-        trusted: Mapping[str, bytes],
+        trusted: TrustedTdns,
         *,
         answer_floods: bool = True,
         timeout: float = 3.0,
     ) -> None:
         self.client = client
         self.signer = signer
-        self.trusted = dict(trusted)
+        self.trusted: TrustedTdns = trusted if isinstance(trusted, TdnAuthority) else dict(trusted)
         self.answer_floods = answer_floods
         self.timeout = timeout
         self.owned = TopicRegistry()
@@ -196,7 +200,7 @@ class TopicsClient:
         if call is None:
             return
         try:
-            signer_id, key, body = open_answer(call.key, payload)
+            signer_id, key, body, certificate = open_answer(call.key, payload)
         except TrellisError as exc:
             self.rejected.append(f"answer from {attrs.get('from')}: {exc}")
             return
@@ -204,18 +208,18 @@ class TopicsClient:
             self.rejected.append(f"answer from {signer_id} names another request")
             return
         with contextlib.suppress(asyncio.QueueFull):
-            call.answers.put_nowait((signer_id, key, body))
+            call.answers.put_nowait((signer_id, key, body, certificate))
 
     async def _on_note(self, attrs: Mapping[str, Value], payload: bytes) -> None:
         watch = self._watches.get(str(attrs.get("subject")))
         if watch is None:
             return
         try:
-            signer_id, key, body = open_answer(watch[0], payload)
+            signer_id, key, body, certificate = open_answer(watch[0], payload)
         except TrellisError as exc:
             self.rejected.append(f"notification: {exc}")
             return
-        if self.trusted.get(signer_id) != key:
+        if not tdn_trusted(self.trusted, signer_id, key, certificate, time.time()):
             self.rejected.append(f"notification signed by {signer_id!r}, not a trusted TDN")
             return
         cid, op, kind, member = body["result"]["change"]
@@ -292,10 +296,13 @@ class TopicsClient:
                     answer = await asyncio.wait_for(call.answers.get(), left)
                 except TimeoutError:
                     break
-                if cls is None and self.trusted.get(answer[0]) != answer[1]:
-                    self.rejected.append(f"answer signed by {answer[0]!r}, not a trusted TDN")
+                signer_id, key, body, certificate = answer
+                if cls is None and not tdn_trusted(
+                    self.trusted, signer_id, key, certificate, time.time()
+                ):
+                    self.rejected.append(f"answer signed by {signer_id!r}, not a trusted TDN")
                     continue
-                answers.append(answer)
+                answers.append((signer_id, key, body))
                 if many is None:
                     break
         finally:

@@ -6,6 +6,7 @@ import contextlib
 import os
 import uuid
 from dataclasses import replace
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -547,3 +548,61 @@ def test_no_sequence_of_additions_breaks_a_limit_set_higher_up(
                 assert reg.height(c) <= lim.max_depth
             if lim.max_topics is not None:
                 assert len(reg.all_topics(c)) <= lim.max_topics
+
+
+# -- TDNs certified by the project CA --------------------------------------------------------
+
+
+def _der(issued: object) -> bytes:
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    return issued.cert.public_bytes(Encoding.DER)  # type: ignore[attr-defined]
+
+
+def test_with_the_ca_as_trust_anchor_only_its_tdn_certificate_for_that_id_and_key_counts(
+    tmp_path: Path,
+) -> None:
+    import time
+
+    from security.ca import create_ca, issue, save_ca
+    from security.topics import TdnAuthority
+    from security.topics_identity import load_trusted_tdns
+
+    ca, other_ca = create_ca("ours"), create_ca("theirs")
+    save_ca(ca, tmp_path)
+    authority = load_trusted_tdns(tmp_path / "ca.crt")
+    assert isinstance(authority, TdnAuthority)
+    now = time.time()
+    tdn = Signer.generate("tdn-9")
+    own = tdn.key
+
+    def ad_with(certificate: bytes, signer: Signer = tdn) -> TopicAdvertisement:
+        return issue_advertisement(
+            signer,
+            request(now=now),
+            uuid="u-ca",
+            now=now,
+            depth=0,
+            expires=now + 60,
+            certificate=certificate,
+        )
+
+    good = ad_with(_der(issue(ca, "tdn-9", "tdn", key=own)))
+    wire = msgpack.unpackb(msgpack.packb(good.to_wire(), use_bin_type=True), raw=False)
+    assert TopicAdvertisement.from_wire(wire) == good
+    verify_advertisement(TopicAdvertisement.from_wire(wire), authority, now)
+
+    refused = {
+        "no certificate": ad_with(b""),
+        "another CA": ad_with(_der(issue(other_ca, "tdn-9", "tdn", key=own))),
+        "a client certificate": ad_with(_der(issue(ca, "tdn-9", "client", key=own))),
+        "another TDN's name": ad_with(_der(issue(ca, "tdn-8", "tdn", key=own))),
+        "another key": ad_with(_der(issue(ca, "tdn-9", "tdn"))),
+        "not DER": ad_with(b"\x30\x03garbage"),
+    }
+    for why, ad in refused.items():
+        with pytest.raises(AdvertisementError) as err:
+            verify_advertisement(ad, authority, now)
+        assert err.value.reason == "untrusted-tdn", why
+    # a key list still works beside it, and ignores certificates
+    verify_advertisement(ad_with(b""), {"tdn-9": key(tdn)}, now)

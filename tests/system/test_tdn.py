@@ -249,3 +249,67 @@ async def test_hierarchy_limits_collections_and_attacks_over_the_overlay(
     ):
         with pytest.raises(TrellisTimeout, match="no TDN answered"):
             await tl.request("locate")
+
+
+async def test_a_ca_certified_tdn_is_trusted_by_clients_and_brokers_that_hold_only_the_ca(
+    tmp_path: Path, run_overlay: Callable[..., LocalOverlay]
+) -> None:
+    from broker.daemon.topic_guard import secured_class
+    from security.ca import create_ca, issue, save_ca, write_issued
+    from security.topics import AdvertisementError
+    from security.topics_credentials import present_credentials
+    from security.topics_delegations import delegate
+    from security.topics_identity import load_trusted_tdns
+
+    pki = tmp_path / "pki"
+    ca = create_ca("topics CA")
+    save_ca(ca, pki)
+    certified, uncertified = Signer.generate("tdn-c"), Signer.generate("tdn-u")
+    write_issued(issue(ca, "tdn-c", "tdn", key=certified.key), ca, pki, "tdn-c")
+    # the broker and the entities trust the CA's certificate, not a list of TDN keys
+    overlay = run_overlay(line_tree(["b0"]), topic_trust=str(pki / "ca.crt"))
+    authority = load_trusted_tdns(pki / "ca.crt")
+    procs = [
+        start_tdn_process(
+            tmp_path,
+            certified,
+            overlay.endpoint("b0"),
+            pki / "ca.crt",
+            certificate=pki / "tdn-c.crt",
+        ),
+        start_tdn_process(tmp_path, uncertified, overlay.endpoint("b0"), pki / "ca.crt"),
+    ]
+    try:
+        alice, bob = Signer.generate("alice"), Signer.generate("bob")
+        async with (
+            Client(overlay.endpoint("b0"), client_id="alice") as ca_client,
+            TopicsClient(ca_client, alice, authority) as topics,
+        ):
+            ad = await topics.create_topic("orders", lifetime=60, tdn="tdn-c")
+            assert ad.certificate  # the TDN sent its certificate with the advertisement
+            with pytest.raises((AdvertisementError, TrellisTimeout)):
+                await topics.create_topic("other", lifetime=60, tdn="tdn-u")
+            assert any("tdn-u" in why for why in topics.rejected), topics.rejected
+        grant = delegate(
+            alice, ad, public_key_to_bytes(bob.public_key), "subscribe", now=time.time()
+        )
+        flt = f"class = '{secured_class(ad.uuid)}'"
+
+        def creds(who: Signer, item: object) -> dict[str, object]:
+            return {"credentials": present_credentials(who, who.id, time.time(), [item])}  # type: ignore[list-item]
+
+        async with (
+            Client(
+                overlay.endpoint("b0"), client_id="alice", hello_options=creds(alice, (ad, None))
+            ) as pub,
+            Client(
+                overlay.endpoint("b0"), client_id="bob", hello_options=creds(bob, (ad, grant))
+            ) as sub_client,
+            sub_client.subscribe(flt) as sub,
+        ):
+            await pub.advertise(flt)
+            await pub.publish({"class": secured_class(ad.uuid)}, b"certified")
+            assert (await sub.get(5)).payload == b"certified"
+    finally:
+        for proc in procs:
+            stop(proc)

@@ -41,7 +41,7 @@ def ask(node: TopicDiscoveryNode, signer: Signer, op: str, **args: Any) -> dict[
     for item in sent:  # notifications stay queued for the test to read
         if item[0]["class"] != REPLY_CLASS:
             node.outbox.put_nowait(item)
-    signer_id, signer_key, answer = open_answer(key, payload)
+    signer_id, signer_key, answer, _certificate = open_answer(key, payload)
     assert (signer_id, signer_key) == ("tdn-1", TRUSTED["tdn-1"])
     return answer
 
