@@ -27,7 +27,12 @@ import msgpack
 
 from security.envelope import Signer, public_key_to_bytes
 from security.errors import IntegrityError, InvalidRequest, NotAuthorized
-from security.topics_identity import principal_of, signature_valid
+from security.topics_identity import (
+    TdnAuthority,
+    TrustedTdns,
+    principal_of,
+    signature_valid,
+)
 
 __all__ = [
     "ANYONE",
@@ -461,46 +466,6 @@ def issue_advertisement(
         certificate=bytes(certificate),
     )
     return replace(ad, signature=tdn.sign(ad.signed_bytes()))
-
-
-@dataclass(frozen=True)
-class TdnAuthority:
-    """Trust in TDNs through the project CA instead of a list of their keys: an
-    advertisement is from a trusted TDN when it carries a certificate the CA issued for role
-    ``tdn`` and the advertisement's TDN id, for the key that signed it.
-
-    Attributes:
-        ca_der: the CA's certificate (DER).
-    """
-
-    ca_der: bytes
-
-    def certified_key(self, tdn: str, certificate: bytes, now: float | None = None) -> bytes | None:
-        """The key the CA certified for TDN ``tdn`` in ``certificate`` (DER), or None when
-        the certificate does not prove it (another CA, another role or name, expired)."""
-        from cryptography import x509
-
-        from security.ca import Identity, identity_of, verify_issued
-        from security.tls import peer_key
-
-        if not certificate:
-            return None
-        try:
-            ca = x509.load_der_x509_certificate(self.ca_der)
-            cert = x509.load_der_x509_certificate(bytes(certificate))
-        except ValueError:
-            return None
-        if not verify_issued(ca, cert) or identity_of(cert) != Identity("tdn", tdn):
-            return None
-        if now is not None and not (
-            cert.not_valid_before_utc.timestamp() <= now <= cert.not_valid_after_utc.timestamp()
-        ):
-            return None
-        return peer_key(bytes(certificate))
-
-
-TrustedTdns = Mapping[str, bytes] | TdnAuthority
-"""Who may issue advertisements: TDN id -> raw Ed25519 key, or the project CA."""
 
 
 def tdn_trusted(

@@ -14,9 +14,9 @@ key>"}`` plus, later, ``"certificate": "<path to PEM>"``; written with mode 0600
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from cryptography.exceptions import InvalidSignature
 
@@ -29,11 +29,10 @@ from security.envelope import (
 )
 from security.errors import InvalidRequest
 
-if TYPE_CHECKING:
-    from security.topics import TrustedTdns
-
 __all__ = [
     "Identity",
+    "TdnAuthority",
+    "TrustedTdns",
     "load_identity",
     "load_trusted_tdns",
     "principal_of",
@@ -106,6 +105,46 @@ def save_identity(signer: Signer, path: str | Path) -> None:
     target.chmod(0o600)
 
 
+@dataclass(frozen=True)
+class TdnAuthority:
+    """Trust in TDNs through the project CA instead of a list of their keys: an
+    advertisement is from a trusted TDN when it carries a certificate the CA issued for role
+    ``tdn`` and the advertisement's TDN id, for the key that signed it.
+
+    Attributes:
+        ca_der: the CA's certificate (DER).
+    """
+
+    ca_der: bytes
+
+    def certified_key(self, tdn: str, certificate: bytes, now: float | None = None) -> bytes | None:
+        """The key the CA certified for TDN ``tdn`` in ``certificate`` (DER), or None when
+        the certificate does not prove it (another CA, another role or name, expired)."""
+        from cryptography import x509
+
+        from security.ca import Identity, identity_of, verify_issued
+        from security.tls import peer_key
+
+        if not certificate:
+            return None
+        try:
+            ca = x509.load_der_x509_certificate(self.ca_der)
+            cert = x509.load_der_x509_certificate(bytes(certificate))
+        except ValueError:
+            return None
+        if not verify_issued(ca, cert) or identity_of(cert) != Identity("tdn", tdn):
+            return None
+        if now is not None and not (
+            cert.not_valid_before_utc.timestamp() <= now <= cert.not_valid_after_utc.timestamp()
+        ):
+            return None
+        return peer_key(bytes(certificate))
+
+
+TrustedTdns = Mapping[str, bytes] | TdnAuthority
+"""Who may issue advertisements: TDN id -> raw Ed25519 key, or the project CA."""
+
+
 def load_trusted_tdns(path: str | Path) -> TrustedTdns:
     """The trusted TDNs: a JSON file ``{"tdn-id": "<hex raw Ed25519 public key>", ...}``, or
     the project CA's certificate (PEM, ``trellis ca init``'s ``ca.crt``): then any TDN the CA
@@ -114,8 +153,6 @@ def load_trusted_tdns(path: str | Path) -> TrustedTdns:
     Raises:
         InvalidRequest: unreadable, not a certificate, or an entry is not 32 bytes of hex.
     """
-    from security.topics import TdnAuthority
-
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, ValueError) as exc:
