@@ -200,25 +200,8 @@ class SplitCert:
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self,
-            "_hash",
-            hash(
-                (
-                    self.pub_id,
-                    self.node,
-                    self.k,
-                    self.r,
-                    self.splitter,
-                    self.commitments,
-                    self.signature,
-                    self.parent,
-                    self.position,
-                    self.count,
-                    self.proof,
-                )
-            ),
-        )
+        seal = (self.signature, self.position, self.count, self.proof)
+        object.__setattr__(self, "_hash", hash((self.statement, seal)))
 
     def __hash__(self) -> int:
         return self._hash

@@ -35,6 +35,7 @@ __all__ = [
     "TrustedTdns",
     "load_identity",
     "load_trusted_tdns",
+    "own_copy",
     "principal_of",
     "save_identity",
     "signature_valid",
@@ -143,6 +144,12 @@ class TdnAuthority:
 
 TrustedTdns = Mapping[str, bytes] | TdnAuthority
 """Who may issue advertisements: TDN id -> raw Ed25519 key, or the project CA."""
+
+
+def own_copy(trusted: TrustedTdns) -> TrustedTdns:
+    """A verifier's own copy of its trust anchor: a key list is copied (the caller's dict may
+    change), a CA anchor is immutable and kept as is."""
+    return trusted if isinstance(trusted, TdnAuthority) else dict(trusted)
 
 
 def load_trusted_tdns(path: str | Path) -> TrustedTdns:

@@ -24,8 +24,9 @@ from collections.abc import Mapping
 
 from broker.language.filters import Filter, Op, Predicate
 from security.errors import NotAuthorized
-from security.topics import TdnAuthority, TrustedTdns
+from security.topics import TrustedTdns
 from security.topics_credentials import Credentials, check_grant, read_credentials
+from security.topics_identity import own_copy
 
 __all__ = ["SECURED_PREFIX", "TopicGuard", "secured_class"]
 
@@ -42,7 +43,7 @@ class TopicGuard:
     """The broker's check of secured-topic rights (pure but for the clock)."""
 
     def __init__(self, trusted: TrustedTdns) -> None:
-        self.trusted: TrustedTdns = trusted if isinstance(trusted, TdnAuthority) else dict(trusted)
+        self.trusted = own_copy(trusted)
 
     def admit(
         self, client_id: str, options: Mapping[str, object], certified_key: bytes | None = None

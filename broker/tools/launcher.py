@@ -159,13 +159,13 @@ def start_broker(
     try:
         if on_spawn is not None:
             on_spawn(proc)
-        return _wait_ready(proc, workdir, broker_id, host, ready, ready_timeout)
+        return wait_ready(proc, workdir, broker_id, host, ready, ready_timeout)
     except BaseException:
         stop_process(proc, timeout=5.0)
         raise
 
 
-def _wait_ready(
+def wait_ready(
     proc: subprocess.Popen[bytes],
     workdir: Path,
     broker_id: str,
@@ -173,6 +173,12 @@ def _wait_ready(
     ready: Path,
     ready_timeout: float,
 ) -> BrokerProcess:
+    """Wait for a spawned broker's ready file (it logs to ``workdir/<id>.log``).
+
+    Raises:
+        LaunchError: the broker exited (its last log line says why) or timed out; the
+            caller stops the process.
+    """
     deadline = time.monotonic() + ready_timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -75,6 +75,7 @@ from security.topics_collections import CollectionLimits, CollectionRegistry
 from security.topics_hierarchy import TopicRegistry, may_discover
 from security.topics_identity import (
     load_identity,
+    own_copy,
     principal_of,
     save_identity,
 )
@@ -211,7 +212,7 @@ class TopicDiscoveryNode:
         self.signer = signer
         self.certificate = bytes(certificate)
         self.id = signer.id
-        self.trusted: TrustedTdns = trusted if isinstance(trusted, TdnAuthority) else dict(trusted)
+        self.trusted = own_copy(trusted)
         self.topics = TopicRegistry()
         self.collections = CollectionRegistry()
         self.guard = ReplayGuard(max_skew)

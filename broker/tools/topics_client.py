@@ -53,7 +53,6 @@ from security.envelope import Signer, public_key_to_bytes
 from security.topics import (
     AdvertisementError,
     HierarchySpec,
-    TdnAuthority,
     TopicAdvertisement,
     TrustedTdns,
     Value,
@@ -65,7 +64,7 @@ from security.topics import (
 from security.topics_channel import ReplyKey, open_request, sign_request
 from security.topics_delegations import Delegation, delegate
 from security.topics_hierarchy import TopicRegistry, may_discover
-from security.topics_identity import principal_of
+from security.topics_identity import own_copy, principal_of
 
 __all__ = ["Change", "TdnInfo", "TopicsClient"]
 
@@ -123,7 +122,7 @@ class TopicsClient:
     ) -> None:
         self.client = client
         self.signer = signer
-        self.trusted: TrustedTdns = trusted if isinstance(trusted, TdnAuthority) else dict(trusted)
+        self.trusted = own_copy(trusted)
         self.answer_floods = answer_floods
         self.timeout = timeout
         self.owned = TopicRegistry()

@@ -21,13 +21,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker.tools.launcher import BrokerProcess, LaunchError, stop_process, write_config
+from broker.tools import launcher
+from broker.tools.launcher import BrokerProcess, stop_process, write_config
 from broker.tools.local import LocalOverlay, OverlayError
 from overlay.tree import Tree
 
@@ -264,26 +264,14 @@ def spawn_broker(
 def wait_ready(
     proc: subprocess.Popen[bytes], workdir: Path, broker_id: str, host: str, timeout: float = 60.0
 ) -> BrokerProcess:
-    ready = workdir / f"{broker_id}.ready"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = (workdir / f"{broker_id}.log").read_text(errors="replace")[-400:]
-            raise LaunchError(f"broker {broker_id} exited with {proc.returncode}: {tail}")
-        if ready.exists():
-            info = dict(item.split("=", 1) for item in ready.read_text().split())
-            return BrokerProcess(
-                broker_id,
-                host,
-                int(info["port"]),
-                proc.pid,
-                proc,
-                workdir,
-                int(info.get("admin_port", 0)),
-            )
-        time.sleep(0.05)
-    stop_process(proc, timeout=5.0)
-    raise LaunchError(f"broker {broker_id} did not become ready within {timeout:g} s")
+    """The launcher's wait for a broker's ready file; a broker that fails is stopped."""
+    try:
+        return launcher.wait_ready(
+            proc, workdir, broker_id, host, workdir / f"{broker_id}.ready", timeout
+        )
+    except BaseException:
+        stop_process(proc, timeout=5.0)
+        raise
 
 
 @dataclass
