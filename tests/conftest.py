@@ -46,10 +46,13 @@ def run_overlay(tmp_path: Path) -> Iterator[Callable[..., LocalOverlay]]:
         name: str | None = None,
         replicas: dict[str, int] | None = None,
         overrides: dict[str, dict[str, Any]] | None = None,
+        tls: bool = False,
         **settings: Any,
     ) -> LocalOverlay:
         workdir = tmp_path / (name or f"overlay{len(started)}")
-        overlay = start_overlay(workdir, tree, settings, replicas=replicas, overrides=overrides)
+        overlay = start_overlay(
+            workdir, tree, settings, replicas=replicas, overrides=overrides, tls=tls
+        )
         started.append(overlay)
         return overlay
 

@@ -82,10 +82,14 @@ def spark_job(settings: AdaptiveSettings) -> Job:
         try:
             async with asyncio.timeout(settings.job_timeout):
                 stdout, stderr = await proc.communicate()
-        except BaseException:  # timeout, or the loop stopped: the job goes too
+        except BaseException as exc:  # timeout, or the loop stopped: the job goes too
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
+            if isinstance(exc, TimeoutError):
+                raise RuntimeError(
+                    f"analytics job still running after {settings.job_timeout:g} s; killed"
+                ) from None
             raise
         if proc.returncode != 0:
             tail = stderr.decode(errors="replace").strip().splitlines()[-3:]

@@ -183,6 +183,26 @@ def test_a_plan_from_observed_faults_is_applied_live_without_loss_or_reorder(
     assert state["distrusted"] == ["b2"]
 
 
+def test_moves_are_applied_on_an_overlay_that_speaks_only_tls(
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    overlay = run_overlay(
+        line_tree(["c0", "c1", "c2"]),
+        name="tls",
+        tls=True,
+        reconfig={"enabled": True, "interval": 3600.0},
+    )
+    info = json.loads((overlay.workdir / "overlay.json").read_text())
+    assert "tls" in info
+    before = live_tree(info)
+    assert before is not None
+    report = asyncio.run(
+        apply_moves_live(info, before, [Move("c1", "c0", "c2")], timeout=10.0, settle=1.0)
+    )
+    assert report.ok, report.describe()
+    assert overlay.live_tree().links == {("c0", "c2"), ("c1", "c2")}
+
+
 def test_refused_moves_leave_the_overlay_as_it_was_and_say_why(
     run_overlay: Callable[..., LocalOverlay],
 ) -> None:
