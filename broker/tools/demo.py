@@ -5,15 +5,18 @@ three replica brokers, two of them with a Byzantine replica. Subscribers with di
 content filters attach at different VNs; a publisher streams plain stock quotes and
 confidential orders (encrypted, key shares re-split at every hop). The summary compares
 what each subscriber got with what an oracle computed from the filters alone, and shows
-the routing tables, per-link traffic, key shares and the blame for bad shares. Then a
-second overlay reconfigures itself live (OCBR) under traffic, and the OCBR simulator runs on a
-larger generated model (no sockets).
+the routing tables, per-link traffic, key shares and the blame for bad shares. The same
+overlay then closes the loop of SPEC §6–§7 once: the brokers' traffic logs go through the Spark
+job, whose failure figures and trust feedback drive a trust-aware rebuild applied live and a
+replica placement plan. Then a second overlay reconfigures itself live (OCBR) under traffic,
+and the OCBR simulator runs on a larger generated model (no sockets).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import re
 import sys
@@ -25,6 +28,13 @@ from broker.client import Client, Delivery, Subscription
 from broker.errors import TrellisError
 from broker.language.filters import Value
 from broker.language.grammar import parse_filter
+from broker.tools.adaptive import (
+    WORK_DIR,
+    AdaptiveSettings,
+    adaptive_broker_settings,
+    run_cycle,
+    spark_job,
+)
 from broker.tools.launcher import run_async
 from broker.tools.local import LocalOverlay, metric_by_label, signals_deferred, start_overlay
 from overlay.tree import broker_names, line_tree
@@ -205,6 +215,45 @@ async def _traffic(overlay: LocalOverlay, names: list[str], count: int, rng: ran
     return 0 if ok else 1
 
 
+LOOP = AdaptiveSettings(interval=600.0, history=1, cycles=1, job_timeout=300.0)
+"""One cycle of ``trellis up --adaptive`` on the line, over all of its traffic logs."""
+
+
+def _closed_loop(workdir: Path) -> int:
+    """One adaptive cycle on the running line overlay, printed: 0, or 1 when it failed."""
+    from analytics.job import human_summary
+    from broker.tools.adaptive_cycles import describe_cycle
+    from broker.tools.placement_cli import format_report, make_plan
+
+    print(
+        "\nclosed loop: traffic logs -> Spark job (local[2], JVM start included) -> trust -> "
+        "trust-aware rebuild applied live, and a replica placement plan",
+        flush=True,
+    )
+    record = run_async(run_cycle(workdir, 1, LOOP, spark_job(LOOP)))
+    out = workdir / WORK_DIR / "cycle-1" / "out"
+    summary_file = out / "summary.json"
+    if not summary_file.is_file():
+        print(f"  {describe_cycle(record)}")
+        return 1
+    summary = json.loads(summary_file.read_text("utf-8"))
+    _indented(human_summary(summary))
+    trust = record.get("trust", {})
+    print("  VN trust: " + ", ".join(f"{vn} {t:.2f}" for vn, t in sorted(trust.items())))
+    print(f"  {describe_cycle(record)}")
+    for m in record.get("applied", {}).get("moves", []):
+        (a, b), (c, d) = m["remove"], m["add"]
+        done = f"applied by {m['coordinator']}" if m["ok"] else f"FAILED: {m['error']}"
+        print(f"    move {m['number']} at {m['master']}: {a}-{b} -> {c}-{d}: {done}")
+    _indented(format_report(make_plan(workdir, out, None)))
+    failed = not str(record.get("outcome", "")).startswith(("applied", "kept"))
+    return 1 if failed else 0
+
+
+def _indented(text: str) -> None:
+    print("\n".join(f"  {line}" for line in text.splitlines()))
+
+
 def _reconfiguration_summary(seed: int) -> None:
     """OCBR rounds on a model overlay (the same cost and search code the brokers use)."""
     from reconfig.cost import CostModel
@@ -376,6 +425,7 @@ def run_demo(workdir: Path, count: int = 2000, seed: int = 7) -> int:
     overlay = start_overlay(
         workdir / "line",
         line_tree(names),
+        adaptive_broker_settings(LOOP.interval, ocbr_turns=False),
         replicas=dict.fromkeys(names, REPLICAS),
         overrides={b: {"byzantine": mode} for b, mode in BYZANTINE.items()},
         progress=_progress,
@@ -383,6 +433,7 @@ def run_demo(workdir: Path, count: int = 2000, seed: int = 7) -> int:
     print(f"{len(overlay.brokers)} broker processes up; streaming traffic...", flush=True)
     try:
         code = run_async(_traffic(overlay, names, count, rng))
+        code = _closed_loop(overlay.workdir) or code
     finally:
         _stop(overlay)
 
