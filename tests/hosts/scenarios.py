@@ -325,16 +325,25 @@ async def exchange(
 # -- the faults ------------------------------------------------------------------------
 
 
-def kill_replicas(down: float, at: float = 2.0, mid_round: float | None = None) -> Faults:
+def kill_replicas(
+    down: float, at: float = 2.0, mid_round: float | None = None, between_rounds: bool = False
+) -> Faults:
     """``kill -9`` replica 1 of every VN (f = 1 each) at ``at`` s; restart them ``down`` s
     later, at the same addresses; they rejoin and catch up. With ``mid_round``, the kill
-    waits until a live round has been under way for that long (see :func:`with_moves`)."""
+    waits until a live round has been under way for that long; with ``between_rounds``,
+    until none is (see :func:`with_moves`)."""
 
     async def run(overlay: HostOverlay, network: Network, tally: Tally) -> None:
         await asyncio.sleep(at)
-        while mid_round is not None:
+        while mid_round is not None or between_rounds:
             asked = tally.round_asked
-            if asked is not None and time.monotonic() - asked >= mid_round:
+            if between_rounds and asked is None:
+                break
+            if (
+                mid_round is not None
+                and asked is not None
+                and time.monotonic() - asked >= mid_round
+            ):
                 break
             await asyncio.sleep(0.01)
         victims = [overlay.replicas_of(vn)[1] for vn in sorted(overlay.tree.brokers)]
@@ -643,7 +652,14 @@ SCENARIOS: dict[str, Callable[[bool], Plan]] = {
     ),
     # Live rounds moving d between b and c, one after another, during each fault.
     "reconf-kill": lambda full: Plan(
-        with_moves(kill_replicas(down=10.0 if full else 3.0, at=3.0, mid_round=0.3)),
+        # The full version kills 0.3 s into a round (see bench/RESULTS.md: a replica killed
+        # in a round that completes without it comes back on its old links); CI's kills
+        # between two rounds, which the rounds then refuse until the replicas are back.
+        with_moves(
+            kill_replicas(down=10.0, at=3.0, mid_round=0.3)
+            if full
+            else kill_replicas(down=3.0, at=3.0, between_rounds=True)
+        ),
         40 if full else 14,
         12,
         **MOVING,
