@@ -54,6 +54,7 @@ class Tally:
 
     sent: dict[int, tuple[bytes, bool]] = field(default_factory=dict)  # seq -> (payload, conf)
     refused: int = 0  # publish() raised: the publisher knows these did not go out
+    refused_payloads: set[bytes] = field(default_factory=set)  # what those would have carried
     received: list[tuple[int, bytes, bool]] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -103,7 +104,13 @@ class Tally:
 
     @property
     def altered(self) -> int:
-        return sum(1 for seq, p, _ in self.received if self.sent.get(seq, (None,))[0] != p)
+        """Deliveries whose payload is not what was published with that seq (or, for an
+        unconfirmed seq, not one of the payloads whose publish() raised)."""
+        return sum(
+            1
+            for seq, p, _ in self.received
+            if (self.sent[seq][0] != p if seq in self.sent else p not in self.refused_payloads)
+        )
 
     @property
     def confidential(self) -> int:
@@ -248,6 +255,7 @@ async def exchange(
                     )
                 except TrellisError as exc:
                     tally.refused += 1
+                    tally.refused_payloads.add(payload)
                     why = f"refused: {type(exc).__name__}: {exc}"[:160]
                     tally.notes[why] = tally.notes.get(why, 0) + 1
                     continue

@@ -42,7 +42,8 @@ def _moved_and_agreed(tally: Tally) -> None:
 def test_killing_f_replicas_per_vn_during_live_rounds_loses_nothing() -> None:
     """One replica of every VN killed between two rounds, the rounds asked meanwhile
     refused, the replicas restarted. A publish() in flight to the killed publisher-edge
-    replica may raise (the SDK's known behaviour): the publisher is told.
+    replica may raise (the SDK's known behaviour): the publisher is told, and that
+    publication may be delivered all the same (unconfirmed, not altered).
 
     Not asserted: that the restarted replicas rejoin the tree as the rounds left it. A
     replica killed around a round that goes on without it can come back on its old links
