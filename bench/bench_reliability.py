@@ -6,8 +6,12 @@ long fuzzing run against a real broker process. Needs root (network namespaces).
     .venv/bin/python bench/bench_reliability.py idle [--connections 10000]
 
 ``scenarios`` runs each fault scenario of ``tests/hosts/scenarios.py`` (full versions by
-default: kill, partition, netem, vn-restart) and prints one row per scenario: load held,
-faults injected, and published/delivered/lost/duplicated/reordered/decrypted counts.
+default; all of them without a NAME: kill, partition, netem, flood-partition, flood,
+long-partition, steady, vn-restart, rewire, reconf-kill, reconf-partition, reconf-netem) and
+prints one row per scenario and subscriber: load held, faults injected, and
+published/delivered/lost/duplicated/reordered/decrypted counts. ``rewire`` restarts a VN
+attached elsewhere in the tree; ``reconf-*`` run live rounds moving a VN back and forth
+during the fault (their notes count the rounds by outcome).
 
 ``fuzz`` throws ``--examples`` hypothesis-generated sessions (every frame type and field,
 as a client, a neighbour broker, a control connection and before HELLO) at one broker,

@@ -256,6 +256,10 @@ class ControlChannel:
 
     async def call(self, step: Step | RequestedMove, timeout: float) -> Reply:
         assert self.writer is not None
+        if self.writer.is_closing():
+            # The member died or reset the connection (uvloop raises RuntimeError on a
+            # write to it): an unreachable member, as the round's error handling expects.
+            raise ConnectionResetError(f"control connection to {self.peer} is closed")
         self.writer.write(encode(Reconf(step.op, step.to_data())))
         async with asyncio.timeout(timeout):
             while True:

@@ -15,6 +15,7 @@ from tests.hosts.scenarios import SCENARIOS, run_scenario
 
 COLUMNS = (
     "scenario",
+    "subscriber",
     "msg/s",
     "published",
     "refused",
@@ -46,17 +47,19 @@ def main(argv: list[str] | None = None) -> int:
         except HostsUnavailable as exc:
             print(f"cannot run: {exc}", file=sys.stderr)
             return 2
-        row = {
-            "scenario": name,
-            **tally.row(),
-            "rss+KiB by broker": tally.rss_growth_kib,
-            "rss+KiB curve (s, KiB)": tally.rss_curve,
-        }
-        rows.append(row)
-        if args.json:
-            print(json.dumps(row), flush=True)
-        else:
-            print(" | ".join(f"{c}={row[c]}" for c in COLUMNS), flush=True)
+        for one in [tally, *tally.others.values()]:  # a row per subscriber
+            row = {
+                "scenario": name,
+                "subscriber": one.subscriber,
+                **one.row(),
+                "rss+KiB by broker": one.rss_growth_kib,
+                "rss+KiB curve (s, KiB)": one.rss_curve,
+            }
+            rows.append(row)
+            if args.json:
+                print(json.dumps(row), flush=True)
+            else:
+                print(" | ".join(f"{c}={row[c]}" for c in COLUMNS), flush=True)
     if not args.json:
         print()
         print("| " + " | ".join(COLUMNS) + " |")
