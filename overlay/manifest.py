@@ -68,6 +68,20 @@ class Manifest:
         """The replica counts a split toward ``vn`` may use: now's, and earlier ones."""
         return frozenset((*self.sizes.get(vn, ()), len(self.members[vn])))
 
+    def prepared(self, vn: str, r: int, joining: Mapping[str, bytes] | None = None) -> Manifest:
+        """The next version, members unchanged, in which splits toward ``vn`` may also use
+        ``r`` replicas (and ``joining`` replicas have their slots and keys): every verifier
+        must hold it before any forwarder switches (see :meth:`resized`)."""
+        nxt = self.resized(vn, r, joining)
+        return Manifest(
+            self.tree,
+            self.members,
+            nxt.keys,
+            nxt.version,
+            {**nxt.spares, vn: nxt.slots(vn)[len(self.members[vn]) :]},
+            nxt.sizes,
+        )
+
     def resized(self, vn: str, r: int, joining: Mapping[str, bytes] | None = None) -> Manifest:
         """The next version, with ``vn`` at ``r`` replicas: the first ``r`` slots; new slots
         are taken by ``joining`` (broker id -> public key), in order."""
