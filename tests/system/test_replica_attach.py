@@ -76,9 +76,7 @@ async def test_replicas_attach_and_detach_live_with_exact_delivery(line_of_vns) 
                 return
             kind = "secret" if i % 2 == 0 else "plain"
             payload = f"{kind} {i} ".encode() * 4
-            seq = await pub.publish(
-                {"class": kind, "i": i}, payload, confidential=kind == "secret"
-            )
+            seq = await pub.publish({"class": kind, "i": i}, payload, confidential=kind == "secret")
             published[kind].append((seq, payload))
             await asyncio.sleep(0.005)
 
