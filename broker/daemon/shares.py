@@ -140,6 +140,13 @@ class SecureForwarding:
                 inbox.rebase(view)
 
     @property
+    def member(self) -> bool:
+        """Whether this replica is one of its VN's members in the manifest in force: one
+        about to join or just left is not sent every share, so it judges no silence."""
+        manifest = self.manifest
+        return manifest is not None and self.broker_id in manifest.members.get(self.vn, ())
+
+    @property
     def pending(self) -> bool:
         """Whether sub-shares split in this pass wait to be sealed and sent."""
         return bool(self._outbox)
@@ -216,7 +223,8 @@ class SecureForwarding:
             if len(self.secs) > _EPOCH_MEMORY:
                 self.secs.popitem(last=False)
             self._open_inboxes(key)
-            self._expect(key)
+            if self.member:
+                self._expect(key)
         served = self._remember(self.served, key)
         held = self.held.get(key, ())
         for hop in targets:
