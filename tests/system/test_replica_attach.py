@@ -62,7 +62,7 @@ def splits_toward(workdir: Path, forwarders: list[str], vn: str) -> dict[int, in
 
 
 async def test_replicas_attach_and_detach_live_with_exact_delivery(line_of_vns) -> None:
-    overlay = line_of_vns([3, 3, 3])
+    overlay = line_of_vns([3, 3, 1])
     workdir = overlay.workdir
     forwarders = overlay.replicas_of("b0")
     pub = Client(overlay.endpoints("b0"), client_id="pub")
