@@ -144,6 +144,27 @@ def test_paths_from_the_config_plan_a_stopped_overlay_as_last_started(
     assert "b1: 3 → 2  detach 1" in out
 
 
+def test_apply_prints_the_actions_when_no_broker_runs_or_on_a_dry_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    overlay = stopped_overlay(tmp_path / "o")
+    config = write_config(tmp_path / "p.toml", '[placement]\nbudget = 6\npaths = ["b0 -> b2"]\n')
+    for extra in ([], ["--dry-run"]):
+        code = cli.main(
+            ["placement", "apply", "--dir", str(overlay.workdir), "--config", str(config), *extra]
+        )
+        out = capsys.readouterr().out
+        assert code == 0
+        why = "dry run" if extra else "no broker of the overlay runs"
+        assert f"actions ({why}; not applied):" in out
+        # attaches first, one replica at a time
+        actions = out.split("not applied):")[1].split()
+        assert " ".join(actions) == (
+            "attach one replica to b0 attach one replica to b2 detach one replica from b1"
+        )
+    assert json.loads((overlay.workdir / "manifest.json").read_text())["version"] == 0
+
+
 def test_plan_errors_say_what_is_missing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
