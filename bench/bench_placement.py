@@ -58,7 +58,8 @@ async def one_run(workdir: Path, rate: float, settle: float) -> RunResult:
         phase = ["before"]
         sent: dict[int, tuple[float, str]] = {}
         latency: dict[str, list[float]] = {p: [] for p in PHASES}
-        order: list[int] = []
+        # (seq, when delivered): a delivery may come before its publish call returns
+        received: list[tuple[int, float]] = []
         stop = asyncio.Event()
         async with pub, sub, sub.subscribe("class = 'load'") as subscription:
             await pub.advertise("class = 'load'")
@@ -68,10 +69,11 @@ async def one_run(workdir: Path, rate: float, settle: float) -> RunResult:
                 i = 0
                 start = time.perf_counter()
                 while not stop.is_set() and i < 100_000:
+                    at, when = time.perf_counter(), phase[0]
                     seq = await pub.publish(
                         {"class": "load", "i": i}, b"x" * 64, confidential=i % 2 == 0
                     )
-                    sent[seq] = (time.perf_counter(), phase[0])
+                    sent[seq] = (at, when)
                     i += 1
                     await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
 
@@ -83,9 +85,7 @@ async def one_run(workdir: Path, rate: float, settle: float) -> RunResult:
                         if stop.is_set():
                             return
                         continue
-                    at, when = sent.get(msg.seq, (float("nan"), "before"))
-                    latency[when].append(time.perf_counter() - at)
-                    order.append(msg.seq)
+                    received.append((msg.seq, time.perf_counter()))
 
             def changes() -> tuple[float, float]:
                 time.sleep(settle)
@@ -105,7 +105,10 @@ async def one_run(workdir: Path, rate: float, settle: float) -> RunResult:
             finally:
                 stop.set()
                 await asyncio.gather(*tasks)
-        exact = order == sorted(sent)
+        for seq, at in received:
+            published, when = sent[seq]
+            latency[when].append(at - published)
+        exact = [seq for seq, _ in received] == sorted(sent)
         return RunResult(attach, detach, latency, exact)
     finally:
         stop_overlay(workdir)
