@@ -141,7 +141,6 @@ async def test_replicas_attach_and_detach_live_with_exact_delivery(line_of_vns) 
     assert len(published["secret"]) > 100
     assert got["secret"] == published["secret"]
     assert got["plain"] == published["plain"]
-    print("attach/detach seconds:", took)
     assert all(seconds < 15 for seconds in took), took
     # Between a switch that every broker acknowledged and the next one, b0's replicas split
     # toward b1 only with the r in force (b1: 3 -> 4 -> 5 -> 4 -> 3), and they did split.
