@@ -26,20 +26,40 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from broker.daemon.config import NeighbourConfig
+from broker.daemon.config import BrokerConfig, NeighbourConfig
+from broker.daemon.forwarding import Forwarder
+from broker.daemon.hops import VNHop
+from broker.daemon.shares import SecureForwarding
 from overlay.manifest import Manifest
 from overlay.tree import TopologyError
 from security.errors import InvalidRequest
-
-if TYPE_CHECKING:
-    from broker.daemon.dispatch import Broker
 
 log = logging.getLogger("trellis.overlay")
 
 OP = "membership"
 """The control request that makes a broker adopt its manifest file's new version."""
+
+
+class Broker(Protocol):
+    """What adopting a membership change needs of the daemon's broker
+    (:class:`broker.daemon.dispatch.Broker`, which imports this module)."""
+
+    config: BrokerConfig
+    vn: str
+    shares: SecureForwarding
+    forwarder: Forwarder
+    vnhops: dict[str, VNHop]
+    neighbours: dict[str, NeighbourConfig]
+    directory: dict[str, NeighbourConfig]
+
+    @property
+    def links(self) -> Mapping[str, object]: ...
+
+    def start_dialer(self, neighbour: NeighbourConfig) -> None: ...
+
+    def stop_dialer(self, peer_id: str) -> None: ...
 
 
 def parse_endpoints(data: Mapping[str, Any]) -> tuple[int, dict[str, str]]:
