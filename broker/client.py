@@ -135,6 +135,15 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _stamp(path: Path) -> tuple[int, int] | None:
+    """When and how big ``path`` was last written (None: unreadable)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
 def _load_manifest(path: str | Path) -> Manifest:
     try:
         return Manifest.load(path)
@@ -546,7 +555,13 @@ class Client:
         self._supervisors: list[asyncio.Task[None]] = []
         self._stopping = False
         self._entered = False
+        # A manifest file is read again when it changes: replicas attach and detach live,
+        # and the operator writes each new membership version there.
+        self._manifest_file: Path | None = None
+        self._manifest_stamp: tuple[int, int] | None = None
         if manifest is not None and not isinstance(manifest, Manifest):
+            self._manifest_file = Path(manifest)
+            self._manifest_stamp = _stamp(self._manifest_file)
             manifest = _load_manifest(manifest)
         self.manifest = manifest
         self.signer = signer or Signer.generate(self.client_id)
@@ -1141,6 +1156,7 @@ class Client:
         """Try the epochs whose shares came in the last read, once each (a read carries
         many shares of one epoch: a reconstruction pass per share would redo the work)."""
         arrived, self._arrived = self._arrived, {}
+        self._refresh_manifest()
         if self.manifest is None or self.vn is None:
             return
         for assembly in arrived.values():
@@ -1150,8 +1166,27 @@ class Client:
                 for sub in list(self._subscriptions.values()):
                     sub._flush(assembly.publisher)
 
+    def _refresh_manifest(self) -> None:
+        """Load the manifest file again if it changed (a new membership version): shares
+        split for replicas that just attached verify only against it."""
+        path = self._manifest_file
+        if path is None:
+            return
+        stamp = _stamp(path)
+        if stamp == self._manifest_stamp or stamp is None:
+            return
+        try:
+            manifest = _load_manifest(path)
+        except TrellisError as exc:
+            log.warning("keeping the manifest in force: %s", exc)
+            return
+        self._manifest_stamp = stamp
+        if self.manifest is None or manifest.version > self.manifest.version:
+            self.manifest = manifest
+
     def _decrypt(self, delivery: Delivery) -> bytes | None:
         """The plaintext of an agreed confidential copy, once its epoch key is recovered."""
+        self._refresh_manifest()
         if self.manifest is None or self.vn is None:
             log.warning(
                 "confidential publication %s/%d: no manifest to verify its key shares",

@@ -173,6 +173,15 @@ class ReplicatedStream(Generic[S, T]):
             version.sources.add(source)
         return self._settle()
 
+    def resize(self, faults: int) -> list[tuple[int, T]]:
+        """The sending VN now has a different number of replicas (one attached or detached
+        live): count ``faults + 1`` from now on; returns what that releases, in order."""
+        if faults < 0:
+            raise ValueError(f"faults must be >= 0, got {faults}")
+        self.faults = faults
+        self.threshold = faults + 1
+        return self._settle()
+
     def expire(self, now: float, patience: float) -> list[tuple[int, T]]:
         """Abandon the smallest undecided sequence if it has waited ``patience`` seconds
         while a later one is ready (a subscription still spreading); returns what that

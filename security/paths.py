@@ -51,11 +51,16 @@ class Membership(Protocol):
 
     def owner(self, broker_id: str) -> str | None: ...
 
+    def slots(self, vn: str) -> tuple[str, ...]: ...
 
-_PATH_CACHE: WeakKeyDictionary[Membership, dict[tuple[str, ...], tuple[tuple[Member, ...], ...]]]
+    def schemes(self, vn: str) -> frozenset[int]: ...
+
+
+_Slots = tuple[tuple[tuple[Member, ...], ...], tuple[frozenset[int], ...]]
+_PATH_CACHE: WeakKeyDictionary[Membership, dict[tuple[str, ...], _Slots]]
 _PATH_CACHE = WeakKeyDictionary()
 # (publisher, its public key, path) -> view, newest last; bounded.
-_VIEWS: OrderedDict[tuple[str, bytes, tuple[tuple[Member, ...], ...]], PathView] = OrderedDict()
+_VIEWS: OrderedDict[tuple[str, bytes, _Slots], PathView] = OrderedDict()
 _VIEW_MEMORY = 1024
 
 
@@ -68,16 +73,21 @@ def path_view(
     publisher's epochs all travel the same few paths.
     """
     paths = _PATH_CACHE.setdefault(manifest, {})
-    vns = paths.get(path)
-    if vns is None:
-        vns = paths[path] = tuple(
-            tuple(Member(b, public_key_from_bytes(manifest.keys[b])) for b in manifest.members[vn])
-            for vn in path
+    slots = paths.get(path)
+    if slots is None:
+        keys = manifest.keys
+        slots = paths[path] = (
+            tuple(
+                tuple(Member(b, public_key_from_bytes(keys[b])) for b in manifest.slots(vn))
+                for vn in path
+            ),
+            tuple(manifest.schemes(vn) for vn in path),
         )
-    key = (publisher, sec.pk, vns)
+    key = (publisher, sec.pk, slots)
     view = _VIEWS.get(key)
     if view is None:
-        view = _VIEWS[key] = PathView(Member(publisher, public_key_from_bytes(sec.pk)), vns)
+        publisher_member = Member(publisher, public_key_from_bytes(sec.pk))
+        view = _VIEWS[key] = PathView(publisher_member, *slots)
         if len(_VIEWS) > _VIEW_MEMORY:
             _VIEWS.popitem(last=False)
     return view
@@ -181,6 +191,8 @@ class KeyAssembly:
     tentative: bool = False
     # a quick-pass key failed the AES-GCM tag: verify every seal from now on
     distrust: bool = False
+    # the manifest the path views were built from (a new version rebuilds them)
+    _manifest: Membership | None = None
     _vote: PathVote = field(default_factory=PathVote)
     _claims: dict[tuple[str, ...], list[tuple[str, ShareRecord]]] = field(default_factory=dict)
     _classified: int = 0
@@ -193,6 +205,12 @@ class KeyAssembly:
         edge VN vouches for; the key once one of them reconstructs it."""
         if self.sec is None:
             return self.key
+        if manifest is not self._manifest:
+            if self._manifest is not None:
+                for held, shares in self.paths.items():
+                    view = path_view(manifest, self.publisher, self.sec, held)
+                    self.paths[held] = PathShares(view, shares.shares)
+            self._manifest = manifest
         for sender, record in self.shares[self._classified :]:
             claim = claimed_path(manifest, self.sec, record, holder_vn)
             if claim is None:
@@ -219,13 +237,13 @@ class KeyAssembly:
         """
         shares = path.shares
         view = path.view
-        total = math.prod(len(members) for members in view.vns)
-        if path.audited or (self.key is not None and len(shares) < total):
+        total = _expected_leaves(shares, view.depth)
+        if path.audited or (self.key is not None and (total is None or len(shares) < total)):
             return
-        needed = math.prod(threshold_for(len(members)) for members in view.vns)
+        needed = math.prod(threshold_for(min(rs)) for rs in view.sizes)
         if len(shares) < needed:
             return
-        complete = len(shares) >= total
+        complete = total is not None and len(shares) >= total
         if not complete and not _enough(shares, view):
             return
         pub_id = publication_id(self.publisher, self.seq)
@@ -283,15 +301,37 @@ class KeyAssembly:
 
 
 def _enough(shares: list[tuple[str, ShareRecord]], view: PathView) -> bool:
-    """Whether the leaves' lineages alone leave k children at every level up to the root
-    (a cheap test before a reconstruction pass)."""
+    """Whether the leaves' lineages alone leave k children at every level up to the root,
+    k as each node's certificate states it (a cheap test before a reconstruction pass)."""
     ready: set[tuple[int, ...]] = {record.lineage for _, record in shares}
+    ks = {cert.node: cert.k for _, record in shares for cert in record.certs}
     for level in range(view.depth, 0, -1):
-        k = threshold_for(len(view.vns[level - 1]))
         counts: dict[tuple[int, ...], int] = {}
         for lineage in ready:
             if len(lineage) == level:
                 parent = lineage[:-1]
                 counts[parent] = counts.get(parent, 0) + 1
-        ready = {node for node, n in counts.items() if n >= k}
+        ready = {node for node, n in counts.items() if n >= ks.get(node, n + 1)}
     return () in ready
+
+
+def _expected_leaves(shares: list[tuple[str, ShareRecord]], depth: int) -> int | None:
+    """How many leaves the splits seen so far make (each node split with its own r, since
+    replicas attach and detach live); None while a split on the way is not known yet."""
+    widths = {cert.node: cert.r for _, record in shares for cert in record.certs}
+
+    def leaves(node: tuple[int, ...]) -> int | None:
+        if len(node) == depth:
+            return 1
+        r = widths.get(node)
+        if r is None:
+            return None
+        total = 0
+        for j in range(r):
+            below = leaves((*node, j))
+            if below is None:
+                return None
+            total += below
+        return total
+
+    return leaves(())

@@ -140,19 +140,30 @@ class PathView:
 
     Attributes:
         publisher: the publisher (signer of the root split).
-        vns: the replicas of VN_1 .. VN_h in replica-index order; replica j of VN_d holds the
-            shares whose lineage ends in j at level d. The broker must pass the membership that
-            was in force when the publication was split (a replica switch changes r and k).
+        vns: the replica slots of VN_1 .. VN_h in replica-index order; replica j of VN_d holds
+            the shares whose lineage ends in j at level d.
+        sizes: the replica counts r a split toward VN_d may use (default: all its slots).
+            Replicas attach and detach live, so splits made before and after a switch
+            coexist; a split toward r replicas is for the first r slots, and each node is
+            reconstructed under its own certificate's (k, r), never from a mix.
     """
 
     publisher: Member
     vns: tuple[tuple[Member, ...], ...]
+    sizes: tuple[frozenset[int], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.vns or any(not vn for vn in self.vns):
             raise PropagationError("a path needs at least one VN, each with at least one replica")
         if any(len(vn) > shamir.MAX_SHARES for vn in self.vns):
             raise PropagationError(f"a VN may have at most {shamir.MAX_SHARES} replicas")
+        if not self.sizes:
+            object.__setattr__(self, "sizes", tuple(frozenset({len(vn)}) for vn in self.vns))
+        if len(self.sizes) != len(self.vns) or any(
+            not rs or not all(1 <= r <= len(vn) for r in rs)
+            for rs, vn in zip(self.sizes, self.vns, strict=False)
+        ):
+            raise PropagationError("each VN needs replica counts between 1 and its slots")
 
     @property
     def depth(self) -> int:
@@ -160,9 +171,18 @@ class PathView:
         return len(self.vns)
 
     def scheme(self, level: int) -> tuple[int, int]:
-        """(k, r) of the split whose children live at ``level`` (1-based VN index)."""
-        r = len(self.vns[level - 1])
+        """(k, r) of a split toward every slot of VN_``level`` (1-based VN index)."""
+        r = max(self.sizes[level - 1])
         return threshold_for(r), r
+
+    def allows(self, level: int, k: int, r: int) -> bool:
+        """Whether a split whose children live at ``level`` (1-based) may use (k, r)."""
+        return r in self.sizes[level - 1] and k == threshold_for(r)
+
+    def steady(self, level: int) -> tuple[Member, ...]:
+        """The replicas of VN_``level`` under every allowed count (those that always hold
+        a share of what reaches the VN)."""
+        return self.vns[level - 1][: min(self.sizes[level - 1])]
 
     def splitter(self, node: Lineage) -> Member:
         """The broker entitled to split ``node`` (the publisher for the root)."""
@@ -605,8 +625,8 @@ class ChainVerifier:
         level = len(node) + 1
         if level > path.depth:
             return "certificate below the last VN"
-        if (cert.k, cert.r) != path.scheme(level):
-            return f"scheme (k, r) = ({cert.k}, {cert.r}), path says {path.scheme(level)}"
+        if not path.allows(level, cert.k, cert.r):
+            return f"scheme (k, r) = ({cert.k}, {cert.r}) is not one the manifest allows"
         signer = path.splitter(node)
         if cert.splitter != signer.id:
             return f"signed as {cert.splitter!r}, but {signer.id!r} splits {node}"
@@ -678,6 +698,8 @@ class ChainVerifier:
             problem = self._shape_problem(cert, record.pub_id, lineage[:depth], parent)
             if problem:
                 return f"level {depth + 1}: {problem}", None
+            if index >= cert.r:
+                return f"lineage index {index} out of the split's {cert.r}", None
             if depth + 1 < len(certs):
                 parent = self._digest(cert)
         if commitment(record.opening) != certs[-1].commitments[lineage[-1]]:
@@ -731,6 +753,12 @@ class ShareInbox:
         self.blames: list[Blame] = []
         self._accepted: dict[Lineage, ShareRecord] = {}
         self._heard: set[str] = set()
+
+    def rebase(self, path: PathView) -> None:
+        """Verify further records against ``path``: a new manifest version of the same VNs
+        (replicas attached or detached); what was accepted stays accepted."""
+        self.path = path
+        self.verifier = ChainVerifier(path, seals=self.verifier.seals, cache=self.verifier.cache)
 
     @property
     def records(self) -> list[ShareRecord]:
@@ -789,7 +817,7 @@ def silent_senders(path: PathView, level: int, heard_from: Iterable[str]) -> lis
     """
     if not 1 <= level <= path.depth + 1:
         raise PropagationError(f"level must be in 1..{path.depth + 1}, got {level}")
-    expected = (path.publisher,) if level == 1 else path.vns[level - 2]
+    expected = (path.publisher,) if level == 1 else path.steady(level - 1)
     heard = set(heard_from)
     return [
         Blame(member.id, Fault.SILENT, (), f"sent nothing to level {level}")

@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, cast
 
+from broker.daemon import membership
 from broker.daemon.config import BrokerConfig, NeighbourConfig, vn_of
 from broker.daemon.faults import build_forwarding
 from broker.daemon.hops import Hop, VNHop
@@ -303,6 +304,8 @@ class Connection(asyncio.Protocol):
 
     def handle_control(self, msg: Message) -> None:
         match msg:
+            case Reconf(membership.OP, data):
+                self.answer_step(self.broker.adopt_membership(data, sender=self.peer_id or ""))
             case Reconf(op, data):
                 self.broker.reconfig.control_request(
                     op, data, self.answer_step, sender=self.peer_id or ""
@@ -555,6 +558,7 @@ class Broker:
         """The broker's state at a glance (``/healthz``): ``degraded`` while a link to a
         current neighbour is down, naming it in ``missing_links``."""
         missing = sorted(peer for peer in self.neighbours if peer not in self.links)
+        manifest = self.shares.manifest
         return {
             "status": "degraded" if missing else "ok",
             "id": self.config.id,
@@ -566,7 +570,23 @@ class Broker:
             "control_in": sum(self.stats.messages_in.values()),
             "publications_in": self.stats.publications_in,
             "deliveries": self.stats.deliveries,
+            "manifest_version": None if manifest is None else manifest.version,
+            "splits_by_scheme": {
+                f"{vn}/{r}": n for (vn, r), n in sorted(self.shares.splits_by_scheme.items())
+            },
         }
+
+    def adopt_membership(self, data: Mapping[str, Any], sender: str) -> Reply:
+        """The operator's request to adopt a new manifest version (live attach/detach,
+        :mod:`broker.daemon.membership`); only under this broker's own id."""
+        if sender != self.config.id:
+            return Reply(False, f"{self.config.id}: membership changes under the broker's own id")
+        try:
+            membership.adopt(self, data)
+        except TrellisError as exc:
+            return Reply(False, f"{self.config.id}: {exc.message}")
+        self.flush()
+        return Reply(True)
 
     # -- handshakes -----------------------------------------------------------------------
 

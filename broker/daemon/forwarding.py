@@ -159,6 +159,15 @@ class Forwarder:
                 self.checkpoints[vn] = (now, stream.first_copy_at)
             self._route_agreed(source, released)
 
+    def resize(self, vn: str, size: int) -> None:
+        """Neighbouring VN ``vn`` now has ``size`` replicas (a live attach or detach): its
+        copies are agreed by ``f' + 1`` of them from now on."""
+        for (source_vn, _), stream in self.streams.items():
+            if source_vn == vn:
+                released = stream.resize((size - 1) // 2)
+                if released:
+                    self._route_agreed(self.upstream[vn], released)
+
     def _route_agreed(self, source: Hop, released: list[tuple[int, Forward]]) -> None:
         digests = self.tlog is not None
         for _seq, msg in released:

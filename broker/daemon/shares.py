@@ -119,6 +119,32 @@ class SecureForwarding:
         self._deadlines: deque[tuple[float, tuple[str, int]]] = deque()
         self.heard: OrderedDict[tuple[str, int], list[str]] = OrderedDict()
         self._sweeping = False
+        # (next-hop VN, r) -> shares split toward it with r replicas (a live attach or detach
+        # switches r: after the switch, the old count must not grow)
+        self.splits_by_scheme: dict[tuple[str, int], int] = {}
+
+    def adopt_manifest(self, manifest: Manifest) -> None:
+        """A new manifest version is in force (replicas attached or detached): verify from
+        now on against it, shares of epochs already under way included (it still allows
+        the replica counts of the versions before it)."""
+        self.manifest = manifest
+        for key, inboxes in self.inboxes.items():
+            sec = self.secs.get(key)
+            if sec is None:
+                continue
+            for path, inbox in inboxes.items():
+                try:
+                    view = path_view(manifest, key[0], sec, path)
+                except (PropagationError, KeyError):
+                    continue
+                inbox.rebase(view)
+
+    @property
+    def member(self) -> bool:
+        """Whether this replica is one of its VN's members in the manifest in force: one
+        about to join or just left is not sent every share, so it judges no silence."""
+        manifest = self.manifest
+        return manifest is not None and self.broker_id in manifest.members.get(self.vn, ())
 
     @property
     def pending(self) -> bool:
@@ -197,7 +223,8 @@ class SecureForwarding:
             if len(self.secs) > _EPOCH_MEMORY:
                 self.secs.popitem(last=False)
             self._open_inboxes(key)
-            self._expect(key)
+            if self.member:
+                self._expect(key)
         served = self._remember(self.served, key)
         held = self.held.get(key, ())
         for hop in targets:
@@ -340,6 +367,8 @@ class SecureForwarding:
     def _split_toward(self, hop: VNHop, publisher: str, seq: int, record: ShareRecord) -> None:
         subs = self.split(record, hop.size)
         self.stats.shares_split += 1
+        scheme = (hop.peer_id, hop.size)
+        self.splits_by_scheme[scheme] = self.splits_by_scheme.get(scheme, 0) + 1
         outbox = self._outbox
         for broker_id, conn in hop.members.items():
             if conn.closing:

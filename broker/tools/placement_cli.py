@@ -8,7 +8,10 @@ Parquet tables ``classes`` (the end-to-end paths, unless the config lists them),
 ``path_failures`` (γ) and ``broker_failures`` (each VN's failures, summed over its replicas),
 read with pyarrow so that neither Spark nor the ``analytics`` package is loaded (the tables'
 columns are the contract). Prints the plan, its warnings and the diff against the overlay.
-Applying a plan live (attaching and detaching replicas) is not built yet.
+
+``trellis placement apply`` computes the same plan and makes it so live: it attaches and
+detaches replicas one at a time (:mod:`broker.tools.placement_apply`), or, with
+``--dry-run`` or when no broker of the overlay runs, prints the actions it would take.
 """
 
 from __future__ import annotations
@@ -226,29 +229,80 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def planned_actions(changes: list[ReplicaChange]) -> list[tuple[str, str]]:
+    """(action, VN) one replica at a time: attaches first, so capacity never dips."""
+    attach = [("attach", c.vn) for c in changes for _ in range(max(c.delta, 0))]
+    detach = [("detach", c.vn) for c in changes for _ in range(max(-c.delta, 0))]
+    return attach + detach
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from broker.tools.placement_apply import LocalReplicas
+
+    workdir = Path(args.dir)
+    report = make_plan(
+        workdir,
+        None if args.source is None else Path(args.source),
+        None if args.config is None else Path(args.config),
+    )
+    actions = planned_actions(report.changes)
+    print(format_report(report))
+    if not actions:
+        print("nothing to apply: the overlay already runs the plan")
+        return 0
+    if args.dry_run or not report.running:
+        why = "dry run" if args.dry_run else "no broker of the overlay runs"
+        print(f"actions ({why}; not applied):")
+        for action, vn in actions:
+            print(f"  {action} one replica {'to' if action == 'attach' else 'from'} {vn}")
+        return 0
+    replicas = LocalReplicas(workdir)
+    print("applying:")
+    for action, vn in actions:
+        change = replicas.attach(vn) if action == "attach" else replicas.detach(vn)
+        print(
+            f"  {change.action} {change.broker} ({change.vn}): {change.seconds:.2f} s, "
+            f"manifest version {change.version}",
+            flush=True,
+        )
+    return 0
+
+
 def add_placement_parser(
     subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
 ) -> None:
-    """``trellis placement plan``."""
-    p = subparsers.add_parser("placement", help="plan replica placement for a local overlay")
-    sub = p.add_subparsers(dest="placement_command", required=True, metavar="COMMAND", help="plan")
+    """``trellis placement plan`` and ``trellis placement apply``."""
+    p = subparsers.add_parser(
+        "placement", help="plan replica placement for a local overlay and apply it live"
+    )
+    sub = p.add_subparsers(
+        dest="placement_command", required=True, metavar="COMMAND", help="plan, apply"
+    )
     plan = sub.add_parser(
         "plan", help="print the three-phase placement plan and its diff against the overlay"
     )
-    plan.add_argument(
-        "--dir", required=True, metavar="DIR", help="a local overlay's directory (trellis up)"
+    apply = sub.add_parser(
+        "apply", help="compute the plan and attach/detach replicas live to make it so"
     )
-    plan.add_argument(
-        "--from",
-        dest="source",
-        metavar="ANALYTICS_OUT",
-        help="analytics output (trellis analytics run --out): demand classes and failures "
-        "(default: none; paths then come from --config)",
-    )
-    plan.add_argument(
-        "--config",
-        metavar="FILE",
-        help="TOML file with a [placement] section (default: built-in defaults)",
-    )
+    for parser in (plan, apply):
+        parser.add_argument(
+            "--dir", required=True, metavar="DIR", help="a local overlay's directory (trellis up)"
+        )
+        parser.add_argument(
+            "--from",
+            dest="source",
+            metavar="ANALYTICS_OUT",
+            help="analytics output (trellis analytics run --out): demand classes and failures "
+            "(default: none; paths then come from --config)",
+        )
+        parser.add_argument(
+            "--config",
+            metavar="FILE",
+            help="TOML file with a [placement] section (default: built-in defaults)",
+        )
     plan.add_argument("--json", action="store_true", help="the plan and the diff as JSON")
     plan.set_defaults(func=cmd_plan)
+    apply.add_argument(
+        "--dry-run", action="store_true", help="print the attach/detach actions, do nothing"
+    )
+    apply.set_defaults(func=cmd_apply)

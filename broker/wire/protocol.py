@@ -676,6 +676,7 @@ RECONF_OPS = frozenset(
         "abort",
         "reply",
         "move",  # an operator's request that a master run one given move (trellis rebuild)
+        "membership",  # an operator's request to adopt a manifest version (replica attach/detach)
     }
 )
 

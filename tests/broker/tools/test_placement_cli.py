@@ -29,7 +29,7 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 
 from broker.tools import cli
-from broker.tools.local import LocalOverlay
+from broker.tools.local import LocalOverlay, fetch_json, stop_overlay
 from overlay.tree import Tree, line_tree
 
 TREE = line_tree(["b0", "b1", "b2"])
@@ -144,6 +144,27 @@ def test_paths_from_the_config_plan_a_stopped_overlay_as_last_started(
     assert "b1: 3 → 2  detach 1" in out
 
 
+def test_apply_prints_the_actions_when_no_broker_runs_or_on_a_dry_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    overlay = stopped_overlay(tmp_path / "o")
+    config = write_config(tmp_path / "p.toml", '[placement]\nbudget = 6\npaths = ["b0 -> b2"]\n')
+    for extra in ([], ["--dry-run"]):
+        code = cli.main(
+            ["placement", "apply", "--dir", str(overlay.workdir), "--config", str(config), *extra]
+        )
+        out = capsys.readouterr().out
+        assert code == 0
+        why = "dry run" if extra else "no broker of the overlay runs"
+        assert f"actions ({why}; not applied):" in out
+        # attaches first, one replica at a time
+        actions = out.split("not applied):")[1].split()
+        assert " ".join(actions) == (
+            "attach one replica to b0 attach one replica to b2 detach one replica from b1"
+        )
+    assert json.loads((overlay.workdir / "manifest.json").read_text())["version"] == 0
+
+
 def test_plan_errors_say_what_is_missing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -252,3 +273,40 @@ def test_plan_from_the_analytics_of_a_run_with_a_corrupting_replica_reinforces_i
         ("b2", "keep", 0),
         ("b3", "keep", 0),
     ]
+
+    # `placement apply` makes it so, live: the brokers run again (same ports, the same
+    # manifest), and b1 grows to 6 replicas while they run.
+    for broker_id in overlay.broker_ids:
+        overlay.start(broker_id)
+    try:
+        overlay.wait_linked()
+        applied = subprocess.run(
+            [sys.executable, "-m", "broker", "placement", "apply", "--dir",
+             str(overlay.workdir), "--from", str(out), "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )  # fmt: skip
+        assert applied.returncode == 0, applied.stderr[-3000:]
+        lines = applied.stdout.splitlines()
+        done_lines = [line.split()[:2] for line in lines if "manifest version" in line]
+        assert done_lines == [["attach", "b1.3"], ["attach", "b1.4"], ["attach", "b1.5"]]
+        info = json.loads((overlay.workdir / "overlay.json").read_text())
+        assert info["vns"]["b1"] == [f"b1.{i}" for i in range(6)]
+        admins = {b["id"]: b["admin"] for b in info["brokers"]}
+        for new in ("b1.3", "b1.4", "b1.5"):
+            health = fetch_json(admins[new] + "/healthz")
+            assert set(health["links"]) == {"b0", "b2"}, health
+        assert fetch_json(admins["b0"] + "/healthz")["manifest_version"] == 6
+        # Traffic through b1 (now 6 replicas, one still corrupting) arrives, and the plan
+        # has nothing left to do.
+        assert asyncio.run(two_classes(overlay, 10)) == 20
+        code, text, err = plan(
+            capsys, "--dir", str(overlay.workdir), "--from", str(out), "--config", str(config),
+            "--json",
+        )  # fmt: skip
+        assert code == 0, err
+        assert {d["vn"]: d["action"] for d in json.loads(text)["diff"]}["b1"] == "keep"
+    finally:
+        stop_overlay(overlay.workdir)

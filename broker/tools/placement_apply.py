@@ -1,0 +1,284 @@
+"""Live replica attach and detach in a local overlay (``trellis placement apply``, SPEC §4).
+
+The operator side of :mod:`broker.daemon.membership`. Each change is two manifest versions,
+written to ``DIR/manifest.json`` (the brokers' and subscribers' trust anchor) and adopted by
+every running broker over a control connection under its own id:
+
+1. *prepare*: the VN may also be split toward with the new replica count (and a joining
+   replica's slot and key are known), membership unchanged. Once every broker adopted it,
+   every verifier accepts shares split either way.
+2. *switch*: the VN's members become the first ``r'`` slots. A forwarder toward the VN
+   switches its threshold scheme when it adopts this version, between two publications.
+
+Attach starts the new broker between the two (it learns routing state from its neighbours'
+majorities once they link to it) and waits for its links; detach waits for every broker to
+acknowledge the switch (no one sends to the leaving replica any more), then stops it with
+SIGTERM, so it routes what it already received and flushes its links before it exits.
+A detach gives back the VN's last slot, so the remaining replicas keep their indices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+from broker.daemon.membership import OP
+from broker.daemon.reconfig_agent import ControlChannel
+from broker.tools.launcher import BrokerProcess, run_async, start_broker
+from broker.tools.local import (
+    OVERLAY_FILE,
+    OverlayError,
+    fetch_json,
+    free_ports,
+    is_broker_process,
+    read_overlay,
+)
+from overlay.manifest import Manifest
+from security.envelope import generate_signing_key, private_key_to_bytes, public_key_to_bytes
+
+CONTROL_TIMEOUT = 10.0
+LINK_TIMEOUT = 20.0
+
+
+@dataclass(frozen=True)
+class MembershipStep:
+    """``RECONF membership``: adopt the manifest file's ``version``."""
+
+    version: int
+    endpoints: dict[str, str]
+    op: str = OP
+
+    def to_data(self) -> dict[str, Any]:
+        return {"version": self.version, "endpoints": self.endpoints}
+
+
+@dataclass(frozen=True)
+class Change:
+    """One replica attached or detached, and how long it took (seconds)."""
+
+    action: str
+    vn: str
+    broker: str
+    seconds: float
+    version: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "action": self.action,
+            "vn": self.vn,
+            "broker": self.broker,
+            "seconds": round(self.seconds, 3),
+            "version": self.version,
+        }
+
+
+class LocalReplicas:
+    """Attach and detach replicas of the local overlay in ``workdir`` (``trellis up``)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir.resolve()
+        self.info = read_overlay(self.workdir)
+        if self.info.get("tls"):
+            raise OverlayError(
+                "live attach/detach in a TLS overlay is not built (the control connection "
+                "would need each broker's certificate)"
+            )
+        self.manifest_path = self.workdir / "manifest.json"
+        # Brokers this object started (their processes are reaped when they stop).
+        self.started: dict[str, BrokerProcess] = {}
+
+    @property
+    def manifest(self) -> Manifest:
+        return Manifest.load(self.manifest_path)
+
+    def _brokers(self) -> dict[str, dict[str, Any]]:
+        return {
+            str(b["id"]): b
+            for b in self.info.get("brokers", [])
+            if is_broker_process(int(b["pid"]), str(b["id"]))
+        }
+
+    def _save(self) -> None:
+        path = self.workdir / OVERLAY_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.info, indent=2) + "\n")
+        tmp.replace(path)
+
+    def _publish(self, manifest: Manifest, endpoints: dict[str, str]) -> None:
+        """Write ``manifest`` and have every running broker adopt it (all acknowledge)."""
+        manifest.save(self.manifest_path)
+        step = MembershipStep(manifest.version, endpoints)
+
+        async def one(broker: dict[str, Any]) -> None:
+            channel = ControlChannel(broker["id"], broker["id"], broker["endpoint"])
+            try:
+                await channel.open(CONTROL_TIMEOUT)
+                reply = await channel.call(cast(Any, step), CONTROL_TIMEOUT)
+            finally:
+                await channel.close()
+            if not reply.ok:
+                raise OverlayError(
+                    f"broker {broker['id']} refused version {step.version}: {reply.error}"
+                )
+
+        async def everyone() -> None:
+            await asyncio.gather(*(one(b) for b in self._brokers().values()))
+
+        run_async(everyone())
+
+    def _endpoints(self) -> dict[str, str]:
+        return {b: e["endpoint"] for b, e in self._brokers().items()}
+
+    def attach(self, vn: str, settings: dict[str, Any] | None = None) -> Change:
+        """Start one more replica of ``vn`` (in its next slot) and switch the overlay to it.
+
+        ``settings``: extra broker settings for the new replica (e.g. fault injection)."""
+        started = time.monotonic()
+        manifest = self.manifest
+        if vn not in manifest.members:
+            raise OverlayError(f"no VN {vn!r} in this overlay")
+        members = manifest.members[vn]
+        index = len(members)
+        slots = manifest.slots(vn)
+        joining: dict[str, bytes] = {}
+        if index < len(slots):
+            broker_id = slots[index]
+        else:
+            broker_id = f"{vn}.{index}"
+            key_path = self.workdir / f"{broker_id}.key"
+            key = generate_signing_key()
+            key_path.write_text(private_key_to_bytes(key).hex() + "\n", encoding="utf-8")
+            key_path.chmod(0o600)
+            joining[broker_id] = public_key_to_bytes(key.public_key())
+        prepared = manifest.prepared(vn, index + 1, joining)
+        self._publish(prepared, {})
+        proc = start_broker(
+            self.workdir,
+            broker_id,
+            port=free_ports(1)[0],
+            settings=self._config_for(broker_id, vn, index, settings or {}),
+        )
+        self.started[broker_id] = proc
+        entry = {
+            "id": broker_id,
+            "endpoint": proc.endpoint,
+            "admin": proc.admin_url,
+            "pid": proc.pid,
+        }
+        self.info["brokers"] = [
+            *(b for b in self.info.get("brokers", []) if b["id"] != broker_id),
+            entry,
+        ]
+        switched = prepared.resized(vn, index + 1)
+        self.info.setdefault("vns", {})[vn] = list(switched.members[vn])
+        self._save()
+        self._publish(switched, {broker_id: proc.endpoint})
+        self._wait_links(broker_id, vn, switched)
+        return Change("attach", vn, broker_id, time.monotonic() - started, switched.version)
+
+    def detach(self, vn: str) -> Change:
+        """Switch the overlay away from ``vn``'s last replica, then stop it gracefully."""
+        started = time.monotonic()
+        manifest = self.manifest
+        if vn not in manifest.members:
+            raise OverlayError(f"no VN {vn!r} in this overlay")
+        members = manifest.members[vn]
+        if len(members) < 2:
+            raise OverlayError(f"VN {vn} has one replica: it cannot lose one")
+        leaving = members[-1]
+        prepared = manifest.prepared(vn, len(members) - 1)
+        self._publish(prepared, {})
+        switched = prepared.resized(vn, len(members) - 1)
+        self._publish(switched, {})
+        broker = self._brokers().get(leaving)
+        if leaving in self.started:
+            self.started.pop(leaving).stop()
+        elif broker is not None:
+            _stop_pid(int(broker["pid"]), leaving)
+        self.info["brokers"] = [b for b in self.info.get("brokers", []) if b["id"] != leaving]
+        self.info.setdefault("vns", {})[vn] = list(switched.members[vn])
+        self._save()
+        return Change("detach", vn, leaving, time.monotonic() - started, switched.version)
+
+    def _config_for(
+        self, broker_id: str, vn: str, index: int, extra: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A joining replica's config: a sibling's, with its own identity and the current
+        replicas of the VNs its sibling links to now."""
+        manifest = self.manifest
+        brokers = self._brokers()
+        sibling = next((b for b in manifest.members[vn] if b in brokers), None)
+        if sibling is None:
+            raise OverlayError(f"no replica of {vn} runs: nothing to attach to")
+        base = tomllib.loads((self.workdir / f"{sibling}.toml").read_text(encoding="utf-8"))
+        for key in ("id", "host", "port", "ready_file", "byzantine", "collude_log"):
+            base.pop(key, None)
+        health = fetch_json(brokers[sibling]["admin"] + "/healthz")
+        linked_vns = {manifest.owner(b) for b in health["links"]} - {None, vn}
+        endpoints = self._endpoints()
+        neighbours = [
+            {
+                "id": b,
+                "endpoint": endpoints[b],
+                "vn": other,
+                "replica": i,
+                "vn_size": len(manifest.members[other]),
+            }
+            for other in sorted(v for v in linked_vns if v is not None)
+            for i, b in enumerate(manifest.members[other])
+            if b in endpoints
+        ]
+        linked = {n["id"] for n in neighbours}
+        peers = [p for p in base.get("peers", []) if p["id"] not in linked and p["id"] != broker_id]
+        settings = {
+            **base,
+            **extra,
+            "key_file": str(self.workdir / f"{broker_id}.key"),
+            "links_file": str(self.workdir / f"{broker_id}.links.json"),
+            "vn": vn,
+            "replica": index,
+            "vn_size": index + 1,
+            "neighbours": neighbours,
+            "peers": peers,
+        }
+        if settings.get("byzantine") == "collude":
+            settings["collude_log"] = str(self.workdir / f"{broker_id}.collude.jsonl")
+        (self.workdir / f"{broker_id}.links.json").unlink(missing_ok=True)
+        return settings
+
+    def _wait_links(self, broker_id: str, vn: str, manifest: Manifest) -> None:
+        """Wait until the new replica linked to every replica of its neighbouring VNs."""
+        brokers = self._brokers()
+        deadline = time.monotonic() + LINK_TIMEOUT
+        while True:
+            health = fetch_json(brokers[broker_id]["admin"] + "/healthz")
+            if not health["missing_links"]:
+                return
+            if time.monotonic() > deadline:
+                raise OverlayError(
+                    f"{broker_id} did not link to {health['missing_links']} within "
+                    f"{LINK_TIMEOUT:g} s"
+                )
+            time.sleep(0.02)
+
+
+def _stop_pid(pid: int, broker_id: str, timeout: float = 10.0) -> None:
+    """SIGTERM a broker we did not spawn (graceful: it flushes its links), SIGKILL past
+    ``timeout``."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while is_broker_process(pid, broker_id):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            return
+        time.sleep(0.02)
