@@ -37,7 +37,7 @@ from broker.tools.adaptive import (
 )
 from broker.tools.launcher import run_async
 from broker.tools.local import LocalOverlay, metric_by_label, signals_deferred, start_overlay
-from overlay.tree import broker_names, line_tree
+from overlay.tree import Tree, broker_names, line_tree
 
 VNS = 4
 REPLICAS = 3
@@ -219,8 +219,11 @@ LOOP = AdaptiveSettings(interval=600.0, history=1, cycles=1, job_timeout=300.0)
 """One cycle of ``trellis up --adaptive`` on the line, over all of its traffic logs."""
 
 
-def _closed_loop(workdir: Path) -> int:
-    """One adaptive cycle on the running line overlay, printed: 0, or 1 when it failed."""
+def _closed_loop(workdir: Path, tree: Tree) -> int:
+    """One adaptive cycle on the running line overlay, printed: 0, or 1 when it failed.
+
+    The placement plan follows ``tree``, the tree the traffic crossed (the cycle's moves
+    have changed the live one since)."""
     from analytics.job import human_summary
     from broker.tools.adaptive_cycles import describe_cycle
     from broker.tools.placement_cli import format_report, make_plan
@@ -245,7 +248,7 @@ def _closed_loop(workdir: Path) -> int:
         (a, b), (c, d) = m["remove"], m["add"]
         done = f"applied by {m['coordinator']}" if m["ok"] else f"FAILED: {m['error']}"
         print(f"    move {m['number']} at {m['master']}: {a}-{b} -> {c}-{d}: {done}")
-    _indented(format_report(make_plan(workdir, out, None)))
+    _indented(format_report(make_plan(workdir, out, None, tree)))
     failed = not str(record.get("outcome", "")).startswith(("applied", "kept"))
     return 1 if failed else 0
 
@@ -433,7 +436,7 @@ def run_demo(workdir: Path, count: int = 2000, seed: int = 7) -> int:
     print(f"{len(overlay.brokers)} broker processes up; streaming traffic...", flush=True)
     try:
         code = run_async(_traffic(overlay, names, count, rng))
-        code = _closed_loop(overlay.workdir) or code
+        code = _closed_loop(overlay.workdir, overlay.tree) or code
     finally:
         _stop(overlay)
 

@@ -131,8 +131,16 @@ class PlanReport:
         }
 
 
-def make_plan(workdir: Path, source: Path | None, config_path: Path | None) -> PlanReport:
+def make_plan(
+    workdir: Path,
+    source: Path | None,
+    config_path: Path | None,
+    tree: Tree | None = None,
+) -> PlanReport:
     """Everything ``trellis placement plan`` prints, as data.
+
+    Paths follow ``tree`` when given (the tree the evidence was gathered on, say), else the
+    overlay's live links, else the tree it started as.
 
     Raises:
         ValueError: a file is missing or invalid, or there are no paths to place on.
@@ -148,9 +156,12 @@ def make_plan(workdir: Path, source: Path | None, config_path: Path | None) -> P
         manifest = Manifest.load(workdir / "manifest.json")
     except FileNotFoundError:
         raise OverlayError(f"no overlay in {workdir} (missing manifest.json)") from None
-    tree = live_tree(workdir, manifest.tree) if running else None
-    tree_source = "live links" if tree is not None else "as started"
-    tree = tree or manifest.tree
+    if tree is not None:
+        tree_source = "as given"
+    else:
+        tree = live_tree(workdir, manifest.tree) if running else None
+        tree_source = "live links" if tree is not None else "as started"
+        tree = tree or manifest.tree
     evidence = None if source is None else read_evidence(source, config.windows)
     paths = config.path_keys()
     if paths is None:
