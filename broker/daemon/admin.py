@@ -184,6 +184,10 @@ class BrokerCollector:
         yield gauge("trellis_prt_entries", "Subscriptions in the PRT", prt)
         yield gauge("trellis_connected_clients", "Connected clients", clients)
         yield gauge("trellis_broker_links", "Overlay links up", links)
+        # Scraped on the broker's own loop: a task leak shows as a rising line.
+        yield gauge(
+            "trellis_asyncio_tasks", "Tasks on the broker's event loop", len(asyncio.all_tasks())
+        )
         r = b.round_stats
         rounds = CounterMetricFamily(
             "trellis_reconfig_rounds",
