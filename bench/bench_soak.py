@@ -325,7 +325,8 @@ async def run(args: argparse.Namespace, overlay: LocalOverlay) -> int:
             f"{args.fault_every:g} s for {args.down:g} s; CSV {out}",
             flush=True,
         )
-        with out.open("w", newline="") as handle:
+        handle = await asyncio.to_thread(out.open, "w", newline="")
+        with handle:
             writer = csv.DictWriter(handle, columns)
             writer.writeheader()
             done = asyncio.Event()

@@ -127,6 +127,19 @@ class BrokerCollector:
         yield counter(
             "trellis_protocol_errors", "Connections closed for bad input", s.protocol_errors
         )
+        yield counter(
+            "trellis_slow_consumers_closed",
+            "Clients closed because their send buffer was full (slow_consumer = disconnect)",
+            s.slow_consumers_closed,
+        )
+        over = CounterMetricFamily(
+            "trellis_requests_over_limit",
+            "Requests refused with ERROR limit_exceeded, by the limit's config key",
+            labels=["broker", "limit"],
+        )
+        for limit, count in sorted(s.over_limit.items()):
+            over.add_metric([me, limit], count)
+        yield over
         yield counter("trellis_shares_received", "Key shares this broker received", s.shares_in)
         yield counter(
             "trellis_shares_split", "Key shares re-split toward a next-hop VN", s.shares_split
@@ -306,6 +319,8 @@ def topology_doc(broker: Observed, admin_url: str) -> dict[str, Any]:
             "routed": s.routed,
             "deliveries": s.deliveries,
             "deliveries_dropped": s.deliveries_dropped,
+            "slow_consumers_closed": s.slow_consumers_closed,
+            "over_limit": dict(sorted(s.over_limit.items())),
         },
         "blame": {
             "share": dict(sorted(s.blamed.items())),

@@ -188,23 +188,34 @@ class Connection(asyncio.Protocol):
 
     def close_slow_consumer(self) -> None:
         """``slow_consumer = "disconnect"``: close a client whose send buffer is full with
-        ERROR slow_consumer and withdraw its routing state at once. The ERROR waits behind
-        what is queued; a client that does not read it within three heartbeat intervals is
-        aborted (its buffer freed)."""
-        if self.closing or not self.congested:
+        ERROR slow_consumer and withdraw its routing state at once.
+
+        The ERROR waits behind what is queued, so the connection is half-closed (FIN after
+        the queue) and read until the client closes: closing a socket that still receives
+        (the client's PINGs) would reset it and lose the ERROR. A client that has not
+        closed within three heartbeat intervals is aborted (its buffer freed)."""
+        if self.closing or not self.congested or self.transport is None:
             return
         limit = self.broker.config.send_buffer_limit
         self.broker.stats.slow_consumers_closed += 1
-        self.fail(
+        err = error_for(
             SlowConsumerError(
                 f"more than send_buffer_limit ({limit} bytes) queued to this client: it "
                 "does not read its deliveries fast enough (slow_consumer = 'disconnect')"
             )
         )
+        proto_log.warning("closing %r: %s: %s", self, err.code, err.message)
+        self.send(err)
+        self.flush()
+        self.closing = True
+        transport = self.transport
+        if transport.can_write_eof():
+            transport.write_eof()
+        else:  # TLS: no half-close
+            transport.close()
         self.broker.connection_closed(self)
-        if self.transport is not None:
-            grace = 3 * self.broker.config.heartbeat_interval
-            asyncio.get_running_loop().call_later(grace, self.transport.abort)
+        grace = 3 * self.broker.config.heartbeat_interval
+        asyncio.get_running_loop().call_later(grace, transport.abort)
 
     def resume_writing(self) -> None:
         self.congested = False
