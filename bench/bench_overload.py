@@ -38,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,16 @@ from broker.tools.local import LocalOverlay, fetch_json, start_overlay
 from broker.wire.protocol import Advertise, Ping, encode
 from overlay.tree import Tree
 from tests.fuzz_wire import Witness
-from tests.overload import Flooder, MemoryWatch, Stalled, hello, median_ms, round_trips, storm
+from tests.overload import (
+    Flooder,
+    MemoryWatch,
+    Stalled,
+    StormResult,
+    hello,
+    median_ms,
+    round_trips,
+    storm,
+)
 
 CASES: dict[str, dict[str, Any]] = {
     "slow-drop": {"settings": {}},
@@ -142,13 +152,17 @@ def load_storm(endpoint: str, kind: str, clients: int, each: int) -> dict[str, A
     from concurrent.futures import ThreadPoolExecutor
 
     start = time.monotonic()
+    failed: list[str] = []
+
+    def one(i: int) -> StormResult:
+        try:
+            return storm(host, int(port), f"storm-{i}", each, kind, timeout=300.0)[0]
+        except OSError as exc:  # e.g. no WELCOME within 10 s: the broker was busy
+            failed.append(type(exc).__name__)
+            return StormResult(sent=each)
+
     with ThreadPoolExecutor(max_workers=min(clients, 100)) as pool:
-        results = list(
-            pool.map(
-                lambda i: storm(host, int(port), f"storm-{i}", each, kind, timeout=300.0)[0],
-                range(clients),
-            )
-        )
+        results = list(pool.map(one, range(clients)))
     seconds = time.monotonic() - start
     acked = sum(r.acked for r in results)
     errors: dict[str, int] = {}
@@ -161,6 +175,7 @@ def load_storm(endpoint: str, kind: str, clients: int, each: int) -> dict[str, A
         "refused": errors,
         "seconds": round(seconds, 1),
         "answered/s": round((acked + sum(errors.values())) / seconds),
+        "clients that failed": dict(Counter(failed)),
     }
 
 
@@ -255,7 +270,10 @@ def measure(case: str, workdir: Path) -> dict[str, Any]:
             begun = time.monotonic()
             key = "prt" if spec["kind"] == "sub" else "srt"
             while time.monotonic() < begun + 120:
-                ha, hb = fetch_json(a.admin_url + "/healthz"), fetch_json(b.admin_url + "/healthz")
+                ha, hb = (
+                    fetch_json(a.admin_url + "/healthz", 30),
+                    fetch_json(b.admin_url + "/healthz", 30),
+                )
                 if hb[key] >= ha[key] - 2:
                     break
                 time.sleep(0.5)
@@ -264,7 +282,7 @@ def measure(case: str, workdir: Path) -> dict[str, Any]:
             result["tables b (srt, prt)"] = (hb["srt"], hb["prt"])
         memory = watch.finish()
         after = round_trips(witness, 200)
-        traffic = fetch_json(a.admin_url + "/api/topology")["traffic"]
+        traffic = fetch_json(a.admin_url + "/api/topology", 30)["traffic"]
         witness.close()
         result.update(
             {

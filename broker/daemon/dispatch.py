@@ -901,9 +901,18 @@ class Broker:
     async def heartbeat(self) -> None:
         """Ping quiet peers and close the ones silent for three intervals."""
         interval = self.config.heartbeat_interval
+        tick = time.monotonic()
         while True:
             await asyncio.sleep(interval)
             now = time.monotonic()
+            # A tick this late means the broker itself was busy (e.g. working through a
+            # storm of requests): what peers sent meanwhile waits unread, so the delay is
+            # not their silence.
+            late = now - tick - interval
+            tick = now
+            if late > interval / 2:
+                for conn in self.connections:
+                    conn.last_seen += late
             paused = set(self.paused)
             congested = bool(self.congested_links)
             for conn in list(self.connections):
