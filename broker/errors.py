@@ -24,6 +24,7 @@ __all__ = [
     "FilterSyntaxError",
     "IntegrityError",
     "InvalidRequest",
+    "LimitExceeded",
     "NotAuthorized",
     "PayloadTooLarge",
     "ProtocolError",
@@ -69,6 +70,13 @@ class PayloadTooLarge(InvalidRequest):
         self.limit = limit
 
 
+class LimitExceeded(InvalidRequest):
+    """A request would take a client past one of the broker's configured limits (the
+    message names the limit's config key); the connection stays open."""
+
+    code = "limit_exceeded"
+
+
 class SlowConsumerError(TrellisError):
     """A subscription's bounded queue overflowed and messages were dropped.
 
@@ -109,6 +117,7 @@ ERRORS_BY_CODE: dict[str, type[TrellisError]] = {
         FilterError,
         FilterSyntaxError,
         PayloadTooLarge,
+        LimitExceeded,
         ProtocolError,
         NotAuthorized,
         ConnectionLost,

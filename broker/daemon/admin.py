@@ -127,6 +127,19 @@ class BrokerCollector:
         yield counter(
             "trellis_protocol_errors", "Connections closed for bad input", s.protocol_errors
         )
+        yield counter(
+            "trellis_slow_consumers_closed",
+            "Clients closed because their send buffer was full (slow_consumer = disconnect)",
+            s.slow_consumers_closed,
+        )
+        over = CounterMetricFamily(
+            "trellis_requests_over_limit",
+            "Requests refused with ERROR limit_exceeded, by the limit's config key",
+            labels=["broker", "limit"],
+        )
+        for limit, count in sorted(s.over_limit.items()):
+            over.add_metric([me, limit], count)
+        yield over
         yield counter("trellis_shares_received", "Key shares this broker received", s.shares_in)
         yield counter(
             "trellis_shares_split", "Key shares re-split toward a next-hop VN", s.shares_split
@@ -184,6 +197,10 @@ class BrokerCollector:
         yield gauge("trellis_prt_entries", "Subscriptions in the PRT", prt)
         yield gauge("trellis_connected_clients", "Connected clients", clients)
         yield gauge("trellis_broker_links", "Overlay links up", links)
+        # Scraped on the broker's own loop: a task leak shows as a rising line.
+        yield gauge(
+            "trellis_asyncio_tasks", "Tasks on the broker's event loop", len(asyncio.all_tasks())
+        )
         r = b.round_stats
         rounds = CounterMetricFamily(
             "trellis_reconfig_rounds",
@@ -302,6 +319,8 @@ def topology_doc(broker: Observed, admin_url: str) -> dict[str, Any]:
             "routed": s.routed,
             "deliveries": s.deliveries,
             "deliveries_dropped": s.deliveries_dropped,
+            "slow_consumers_closed": s.slow_consumers_closed,
+            "over_limit": dict(sorted(s.over_limit.items())),
         },
         "blame": {
             "share": dict(sorted(s.blamed.items())),

@@ -125,6 +125,24 @@ class BrokerConfig(BaseModel):
         ge=64 * 1024,
         description="bytes queued to one connection before deliveries to it are dropped",
     )
+    slow_consumer: Literal["drop", "disconnect"] = Field(
+        "drop",
+        description="what happens to a client whose send buffer is over send_buffer_limit: "
+        "its deliveries are dropped and counted (NOTICE dropped once it drains), or it is "
+        "closed with ERROR slow_consumer",
+    )
+    max_subscriptions_per_client: int = Field(
+        10_000,
+        ge=1,
+        description="subscriptions one client connection may hold; past it SUBSCRIBE gets "
+        "ERROR limit_exceeded (the connection stays open)",
+    )
+    max_advertisements_per_client: int = Field(
+        10_000,
+        ge=1,
+        description="advertisements one client connection may hold; past it ADVERTISE gets "
+        "ERROR limit_exceeded (the connection stays open)",
+    )
     copy_patience: float = Field(
         1.0,
         gt=0,

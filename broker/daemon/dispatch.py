@@ -47,7 +47,7 @@ from broker.daemon.stats import BrokerStats
 from broker.daemon.tls import BrokerTLS
 from broker.daemon.topic_guard import TopicGuard
 from broker.daemon.waves import RoutingWaves
-from broker.errors import TLSError
+from broker.errors import LimitExceeded, SlowConsumerError, TLSError
 from broker.language.filters import Filter
 from broker.routing.router import Owned, Router
 from broker.wire.protocol import (
@@ -183,6 +183,40 @@ class Connection(asyncio.Protocol):
         self.broker.stats.congestion_events += 1
         if self.is_broker:
             self.broker.link_congested(self, True)
+        elif self.broker.config.slow_consumer == "disconnect" and not self.control:
+            # Not from inside the write that filled the buffer: the broker may be routing.
+            asyncio.get_running_loop().call_soon(self.close_slow_consumer)
+
+    def close_slow_consumer(self) -> None:
+        """``slow_consumer = "disconnect"``: close a client whose send buffer is full with
+        ERROR slow_consumer and withdraw its routing state at once.
+
+        The ERROR waits behind what is queued, so the connection is half-closed (FIN after
+        the queue) and read until the client closes: closing a socket that still receives
+        (the client's PINGs) would reset it and lose the ERROR. A client that has not
+        closed within three heartbeat intervals is aborted (its buffer freed)."""
+        if self.closing or not self.congested or self.transport is None:
+            return
+        limit = self.broker.config.send_buffer_limit
+        self.broker.stats.slow_consumers_closed += 1
+        err = error_for(
+            SlowConsumerError(
+                f"more than send_buffer_limit ({limit} bytes) queued to this client: it "
+                "does not read its deliveries fast enough (slow_consumer = 'disconnect')"
+            )
+        )
+        proto_log.warning("closing %r: %s: %s", self, err.code, err.message)
+        self.send(err)
+        self.flush()
+        self.closing = True
+        transport = self.transport
+        if transport.can_write_eof():
+            transport.write_eof()
+        else:  # TLS: no half-close
+            transport.close()
+        self.broker.connection_closed(self)
+        grace = 3 * self.broker.config.heartbeat_interval
+        asyncio.get_running_loop().call_later(grace, transport.abort)
 
     def resume_writing(self) -> None:
         self.congested = False
@@ -268,6 +302,8 @@ class Connection(asyncio.Protocol):
                     except NotAuthorized as exc:
                         self.reject(rid, exc)
                         return
+                if self.over_limit(rid, "subscriptions", sub_id):
+                    return
                 broker.execute(router.subscribe(self, sub_id, flt))
                 self.ack_in_force(rid)
             case Unsubscribe(rid, sub_id):
@@ -283,6 +319,8 @@ class Connection(asyncio.Protocol):
                     except NotAuthorized as exc:
                         self.reject(rid, exc)
                         return
+                if self.over_limit(rid, "advertisements", adv_id):
+                    return
                 broker.execute(router.advertise(self, adv_id, flt))
                 self.ack_in_force(rid)
             case Unadvertise(rid, adv_id):
@@ -409,6 +447,30 @@ class Connection(asyncio.Protocol):
         across the overlay (:mod:`broker.daemon.waves`)."""
         if rid:
             self.broker.waves.start(lambda: None if self.closing else self.ack(rid))
+
+    def over_limit(self, rid: int, kind: str, key: str) -> bool:
+        """Refuse a new advertisement or subscription past this client's configured limit
+        (a replaced one does not count)."""
+        ads, subs = self.broker.router.held_by(self)
+        held, known = (
+            (subs, self.broker.router.knows_subscription(self, key))
+            if kind == "subscriptions"
+            else (ads, self.broker.router.knows_advertisement(self, key))
+        )
+        name = f"max_{kind}_per_client"
+        limit: int = getattr(self.broker.config, name)
+        if known or held < limit:
+            return False
+        stats = self.broker.stats.over_limit
+        stats[name] = stats.get(name, 0) + 1
+        self.reject(
+            rid,
+            LimitExceeded(
+                f"{kind[:-1]} '{key}' refused: this client holds {held} {kind}, the "
+                f"broker's limit ({name} = {limit})"
+            ),
+        )
+        return True
 
     def reject(self, rid: int, exc: TrellisError) -> None:
         """Refuse one request but keep the connection: the frame itself was valid."""
@@ -859,9 +921,18 @@ class Broker:
     async def heartbeat(self) -> None:
         """Ping quiet peers and close the ones silent for three intervals."""
         interval = self.config.heartbeat_interval
+        tick = time.monotonic()
         while True:
             await asyncio.sleep(interval)
             now = time.monotonic()
+            # A tick this late means the broker itself was busy (e.g. working through a
+            # storm of requests): what peers sent meanwhile waits unread, so the delay is
+            # not their silence.
+            late = now - tick - interval
+            tick = now
+            if late > interval / 2:
+                for conn in self.connections:
+                    conn.last_seen += late
             paused = set(self.paused)
             congested = bool(self.congested_links)
             for conn in list(self.connections):

@@ -36,6 +36,8 @@ class BrokerStats:
     deliveries: int = 0
     deliveries_dropped: int = 0
     congestion_events: int = 0
+    slow_consumers_closed: int = 0  # clients closed by slow_consumer = "disconnect"
+    over_limit: dict[str, int] = field(default_factory=dict)  # requests refused, by limit key
     forwards_in: int = 0
     routed: int = 0
     bad_signatures: int = 0

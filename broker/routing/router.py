@@ -212,6 +212,11 @@ class Router(Generic[H]):
                 actions += self._forward_pending(n)
         return actions
 
+    def held_by(self, hop: H) -> tuple[int, int]:
+        """How many (advertisements, subscriptions) ``hop`` holds (for per-client limits)."""
+        state = self._hops.get(hop)
+        return (0, 0) if state is None else (len(state.advertisements), len(state.subscriptions))
+
     def knows_subscription(self, hop: H, key: str) -> bool:
         state = self._hops.get(hop)
         return state is not None and key in state.subscriptions

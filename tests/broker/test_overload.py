@@ -1,50 +1,33 @@
-"""Overload: a broker link that cannot keep up holds the publishers back; it does not make
-the broker drop them."""
+"""Overload: every limit holds and other clients keep being served.
+
+* A broker link that cannot keep up holds the publishers back; it does not make the broker
+  drop them, nor close them as silent.
+* A subscriber that stops reading costs itself deliveries (``slow_consumer = "drop"``) or
+  its connection (``"disconnect"``, with ``ERROR slow_consumer``); the broker's memory and
+  the other subscribers are not affected.
+* A publisher writing past what the broker can process is held back by TCP; the broker's
+  memory does not grow with what it has not read.
+* Subscriptions and advertisements past a client's limit get ``ERROR limit_exceeded`` and
+  the connection stays; a storm of them leaves the broker responsive.
+* Many small publishers at once are all served.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
-import threading
 from collections.abc import Callable
 
 import pytest
 
 from broker.client import Client
-from broker.errors import TrellisError
-from broker.language.grammar import parse_filter
+from broker.errors import LimitExceeded, TrellisError
 from broker.tools.launcher import BrokerProcess
-from broker.wire.protocol import PROTOCOL_VERSION, Hello, Ping, Role, Subscribe, encode
-
-
-class StalledNeighbour:
-    """A neighbour broker that subscribes, then never reads another byte, but keeps sending
-    PINGs: its link is congested, not silent."""
-
-    def __init__(self, host: str, port: int, neighbour_id: str) -> None:
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        self.sock.connect((host, port))
-        self.sock.sendall(
-            encode(Hello(PROTOCOL_VERSION, Role.BROKER, neighbour_id, {}))
-            + encode(Subscribe(0, f"{neighbour_id}/c/s", parse_filter("class = 'flood'")))
-        )
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._ping, daemon=True)
-        self.thread.start()
-
-    def _ping(self) -> None:
-        token = 0
-        while not self.stop.wait(0.1):
-            token += 1
-            with contextlib.suppress(OSError):
-                self.sock.sendall(encode(Ping(token)))
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(5)
-        self.sock.close()
+from broker.tools.local import fetch_json
+from broker.wire.protocol import Deliver, Error, Role
+from tests.fuzz_wire import Witness
+from tests.overload import Flooder, MemoryWatch, Stalled, round_trips, storm
+from tests.support import drain
 
 
 @pytest.mark.slow
@@ -58,7 +41,7 @@ async def test_a_publisher_held_back_by_a_congested_link_is_not_closed_as_silent
         send_buffer_limit=64 * 1024,
         routing_wave_timeout=0.5,
     )
-    stalled = StalledNeighbour(broker.host, broker.port, "n-stalled")
+    stalled = Stalled(broker.host, broker.port, "n-stalled", "class = 'flood'", Role.BROKER)
     try:
         async with Client(broker.endpoint, client_id="flooder", request_timeout=1.0) as pub:
             await pub.advertise("class = 'flood'")
@@ -74,3 +57,168 @@ async def test_a_publisher_held_back_by_a_congested_link_is_not_closed_as_silent
         assert not [line for line in silent if "flooder" in line], silent
     finally:
         stalled.close()
+
+
+def traffic(broker: BrokerProcess) -> dict[str, object]:
+    """The broker's traffic counters (``/api/topology``)."""
+    doc = fetch_json(broker.admin_url + "/api/topology")
+    traffic: dict[str, object] = doc["traffic"]
+    return traffic
+
+
+async def stream_past_a_stalled_subscriber(
+    broker: BrokerProcess, count: int
+) -> tuple[Stalled, list[int], tuple[int, int, int]]:
+    """Publish ``count`` 4 KiB publications while one subscriber never reads and another
+    does; the seqs the reading one got and the broker's (before, peak, after) RSS."""
+    stalled = Stalled(broker.host, broker.port, "stalled", "class = 'stream'")
+    watch = MemoryWatch([broker.pid])
+    async with (
+        Client(broker.endpoint, client_id="streamer") as pub,
+        Client(broker.endpoint, client_id="reader") as sub_client,
+        sub_client.subscribe("class = 'stream'", queue_size=count + 10) as sub,
+    ):
+        await pub.advertise("class = 'stream'")
+        for i in range(count):
+            # Paced by an ACK every 20, so that the reading subscriber keeps up on a busy
+            # machine (nothing slows a publisher for a slow subscriber: it would lose too).
+            await pub.publish({"class": "stream", "i": i}, b"s" * 4096, ack=i % 20 == 19)
+        await pub.flush(timeout=30.0)
+        got = [d.seq for d in await drain(sub, idle=1.0)]
+    return stalled, got, watch.finish()[broker.pid]
+
+
+@pytest.mark.slow
+async def test_a_subscriber_that_stops_reading_loses_deliveries_not_the_broker_its_memory(
+    run_broker: Callable[..., BrokerProcess],
+) -> None:
+    broker = run_broker(
+        "zz-slow-drop", admin_port=0, send_buffer_limit=1 << 20, shutdown_timeout=1.0
+    )
+    count = 3000  # 12 MiB through the broker, 12 times the stalled client's buffer
+    stalled, got, (before, peak, _) = await stream_past_a_stalled_subscriber(broker, count)
+    try:
+        assert got == list(range(1, count + 1))  # the reading subscriber: all, in order
+        dropped = traffic(broker)["deliveries_dropped"]
+        assert isinstance(dropped, int)
+        assert dropped > count // 2, dropped
+        assert peak - before < 24 * 1024, (before, peak)  # KiB: not the 12 MiB streamed
+    finally:
+        stalled.close()
+
+
+@pytest.mark.slow
+async def test_slow_consumer_disconnect_closes_the_stalled_client_with_an_error(
+    run_broker: Callable[..., BrokerProcess],
+) -> None:
+    broker = run_broker(
+        "zz-slow-close",
+        admin_port=0,
+        send_buffer_limit=1 << 20,
+        slow_consumer="disconnect",
+        shutdown_timeout=1.0,
+    )
+    count = 2000
+    stalled, got, _ = await stream_past_a_stalled_subscriber(broker, count)
+    try:
+        assert got == list(range(1, count + 1))
+        frames = stalled.read_rest()
+        delivered = sum(1 for m in frames if isinstance(m, Deliver))
+        assert delivered < count
+        last = frames[-1]
+        assert isinstance(last, Error), last
+        assert last.code == "slow_consumer"
+        assert "send_buffer_limit" in last.message
+        doc = traffic(broker)
+        assert doc["slow_consumers_closed"] == 1
+        assert doc["deliveries_dropped"] == 0
+    finally:
+        stalled.close()
+
+
+@pytest.mark.slow
+async def test_a_publisher_past_capacity_is_held_back_and_a_witness_is_served(
+    run_broker: Callable[..., BrokerProcess],
+) -> None:
+    broker = run_broker("zz-flood", admin_port=0)
+    witness = Witness(broker.host, broker.port)
+    flooder = Flooder(broker.host, broker.port, "flooder", "class = 'flood'")
+    watch = MemoryWatch([broker.pid])
+    try:
+        flooder.start()
+        served = round_trips(witness, 1000, seconds=4.0)
+        flooder.finish()
+        before, peak, _ = watch.finish()[broker.pid]
+        # The witness got its publications back all along (each within the socket's 10 s).
+        assert len(served) >= 20, len(served)
+        # What the broker had not read waited in TCP buffers, not in the broker.
+        assert peak - before < 24 * 1024, (before, peak)
+    finally:
+        witness.close()
+
+
+async def test_requests_past_the_client_limits_get_limit_exceeded_and_the_connection_stays(
+    run_broker: Callable[..., BrokerProcess],
+) -> None:
+    broker = run_broker(
+        "zz-limits", max_subscriptions_per_client=50, max_advertisements_per_client=20
+    )
+    subs, _ = storm(broker.host, broker.port, "storm-sub", 80, "sub")
+    assert (subs.acked, dict(subs.errors)) == (50, {"limit_exceeded": 30})
+    ads, _ = storm(broker.host, broker.port, "storm-adv", 30, "adv")
+    assert (ads.acked, dict(ads.errors)) == (20, {"limit_exceeded": 10})
+    async with Client(broker.endpoint, client_id="sdk") as client:
+        kept = [await client.advertise(f"n = {i}") for i in range(20)]
+        with pytest.raises(LimitExceeded, match=r"max_advertisements_per_client = 20"):
+            await client.advertise("n = 20")
+        await client.advertise("n = 0", adv_id=kept[0])  # a replacement is not a new one
+        await client.unadvertise(kept[1])
+        await client.advertise("n = 21")  # room again; the connection is still open
+
+
+@pytest.mark.slow
+async def test_a_subscription_storm_leaves_the_broker_responsive(
+    run_broker: Callable[..., BrokerProcess],
+) -> None:
+    broker = run_broker("zz-storm", max_subscriptions_per_client=5000)
+    witness = Witness(broker.host, broker.port)
+    try:
+        loop = asyncio.get_running_loop()
+        burst = loop.run_in_executor(
+            None, lambda: storm(broker.host, broker.port, "storm", 8000, "sub")
+        )
+        await asyncio.sleep(0.05)
+        served = await loop.run_in_executor(None, lambda: round_trips(witness, 20))
+        result, _ = await burst
+        assert len(served) == 20
+        assert (result.acked, dict(result.errors)) == (5000, {"limit_exceeded": 3000})
+    finally:
+        witness.close()
+
+
+@pytest.mark.slow
+async def test_many_small_publishers_are_all_delivered(
+    run_broker: Callable[..., BrokerProcess],
+) -> None:
+    broker = run_broker("zz-many")
+    publishers = [Client(broker.endpoint, client_id=f"small-{i}") for i in range(200)]
+    async with (
+        Client(broker.endpoint, client_id="all") as sub_client,
+        sub_client.subscribe("class = 'small'", queue_size=5000) as sub,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        for pub in publishers:
+            await stack.enter_async_context(pub)
+            await pub.advertise("class = 'small'")
+
+        async def trickle(pub: Client) -> None:
+            for i in range(5):
+                await pub.publish({"class": "small", "i": i}, b"x")
+                await asyncio.sleep(0.2)
+
+        await asyncio.gather(*(trickle(p) for p in publishers))
+        got = await drain(sub, idle=1.0)
+    assert len(got) == 1000
+    assert {(d.publisher, d.seq) for d in got} == {
+        (f"small-{i}", s) for i in range(200) for s in range(1, 6)
+    }
