@@ -466,6 +466,17 @@ class Filter:
             return not other.is_satisfiable()
         return all(theirs[a] == space or theirs[a].within(space) for a, space in mine.items())
 
+    def pins(self) -> frozenset[tuple[str, str, Value]]:
+        """The attributes this filter pins to a single value, as (attribute, kind, value);
+        kind (``b``, ``n`` or ``s``) keeps ``True``, ``1`` and ``'1'`` apart."""
+        found: list[tuple[str, str, Value]] = []
+        for attr, space in self._attribute_spaces().items():
+            value = space.single_value()
+            if value is not None:
+                kind = "b" if isinstance(value, bool) else "s" if isinstance(value, str) else "n"
+                found.append((attr, kind, value))
+        return frozenset(found)
+
     def to_wire(self) -> list[list[Any]]:
         """Return the wire form: a list of ``[attr, op, value]`` in canonical order."""
         return [predicate.to_wire() for predicate in self.predicates]

@@ -231,6 +231,12 @@ class Space:
     def _has_string(self, text: str) -> bool:
         return any(_holds(i, text) for i in self.strings) and self._has_pattern(text)
 
+    def single_value(self) -> _Scalar | None:
+        """The one value of a space that holds exactly one (from ``=``, a one-value ``in``,
+        or a closed range of width 0), else None."""
+        points = self._points()
+        return points[0] if points is not None and len(points) == 1 else None
+
     def _points(self) -> list[_Scalar] | None:
         """List the values when the space is a plain finite set (from =, in), else None."""
         if self.missing or self.nan or self.suffixes or self.contains:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from broker.language.filters import Filter, Value
+from broker.routing.covering import ForwardedFilters
 from broker.routing.matching import MatchIndex
 from broker.wire.protocol import Advertise, Message, Subscribe, Unadvertise, Unsubscribe
 
@@ -58,7 +59,7 @@ class HopState:
     advertisements: dict[str, Filter] = field(default_factory=dict)
     subscriptions: dict[str, Filter] = field(default_factory=dict)
     # Subscriptions (by global key) this broker has forwarded to the hop.
-    forwarded: dict[str, Filter] = field(default_factory=dict)
+    forwarded: ForwardedFilters = field(default_factory=ForwardedFilters)
     last_match: Filter | None = None
 
 
@@ -123,8 +124,14 @@ class Router(Generic[H]):
         if state is None:
             return []
         actions: Actions[H] = []
+        # Withdraw them all, then re-forward once per link what they covered (per
+        # subscription, a client leaving with n of them would cost n passes over the PRT).
+        withdrawn_on: set[H] = set()
         for key in list(state.subscriptions):
-            actions += self.unsubscribe(hop, key)
+            actions += self._unsubscribe(hop, key, withdrawn_on)
+        for n in self._neighbours:
+            if n in withdrawn_on:
+                actions += self._forward_pending(n)
         for key in list(state.advertisements):
             actions += self.unadvertise(hop, key)
         del self._hops[hop]
@@ -200,6 +207,16 @@ class Router(Generic[H]):
 
     def unsubscribe(self, hop: H, key: str) -> Actions[H]:
         """Remove a subscription, withdraw it where forwarded, re-forward what it covered."""
+        withdrawn_on: set[H] = set()
+        actions = self._unsubscribe(hop, key, withdrawn_on)
+        for n in self._neighbours:
+            if n in withdrawn_on:
+                actions += self._forward_pending(n)
+        return actions
+
+    def _unsubscribe(self, hop: H, key: str, withdrawn_on: set[H]) -> Actions[H]:
+        """Remove a subscription and withdraw it where forwarded; adds those neighbours to
+        ``withdrawn_on`` (what it covered there must be re-forwarded)."""
         state = self._hops.get(hop)
         if state is None or state.subscriptions.pop(key, None) is None:
             return []
@@ -209,7 +226,7 @@ class Router(Generic[H]):
         for n in self._neighbours:
             if n is not hop and self._hops[n].forwarded.pop(gkey, None) is not None:
                 actions.append((n, Unsubscribe(0, gkey)))
-                actions += self._forward_pending(n)
+                withdrawn_on.add(n)
         return actions
 
     def held_by(self, hop: H) -> tuple[int, int]:
@@ -231,11 +248,11 @@ class Router(Generic[H]):
         forwarded = self._hops[n].forwarded
         if gkey in forwarded:
             return []
-        if self.covering and any(f.covers(flt) for f in forwarded.values()):
+        if self.covering and any(f.covers(flt) for f in forwarded.coverers(flt)):
             return []
         actions: Actions[H] = [(n, Subscribe(0, gkey, flt))]
         if self.covering:
-            for other, g in list(forwarded.items()):
+            for other, g in forwarded.covered(flt):
                 if flt.covers(g) and not g.covers(flt):
                     del forwarded[other]
                     actions.append((n, Unsubscribe(0, other)))
@@ -253,8 +270,13 @@ class Router(Generic[H]):
         if n not in self._neighbours:
             return []
         actions: Actions[H] = []
+        forwarded = self._hops[n].forwarded
         # Coverers first, so the subscriptions they cover need not travel at all.
-        candidates = [(g, f) for g, f in self._subscriptions_not_from(n) if self._wanted_by(n, f)]
+        candidates = [
+            (g, f)
+            for g, f in self._subscriptions_not_from(n)
+            if g not in forwarded and self._wanted_by(n, f)
+        ]
         candidates.sort(key=lambda item: len(item[1].predicates))
         for gkey, flt in candidates:
             actions += self._forward(n, gkey, flt)
@@ -339,7 +361,8 @@ class Router(Generic[H]):
         new_sub: dict[str, Filter] = {}
         for vn, hop in hops.items():
             adverts, subs = held.get(vn, ({}, {}))
-            self._hops[hop] = HopState(dict(adverts), dict(subs), dict(sent.get(vn, {})))
+            forwarded = ForwardedFilters(sent.get(vn, {}))
+            self._hops[hop] = HopState(dict(adverts), dict(subs), forwarded)
             self._neighbours.append(hop)
             for key, flt in subs.items():
                 self._prt.add((hop, key), flt)
@@ -356,10 +379,13 @@ class Router(Generic[H]):
                     if self._wanted_by(n, flt):
                         actions += self._forward(n, key, flt)
         for n in outside:
+            withdrawn = False
             for key in old_sub.keys() - new_sub.keys():
                 if self._hops[n].forwarded.pop(key, None) is not None:
                     actions.append((n, Unsubscribe(0, key)))
-                    actions += self._forward_pending(n)
+                    withdrawn = True
+            if withdrawn:
+                actions += self._forward_pending(n)
             actions += [(n, Unadvertise(0, key)) for key in old_adv.keys() - new_adv.keys()]
         return actions
 
