@@ -8,6 +8,13 @@ while the JVM starts. A version-2 file becomes columns almost without Python wor
 value: records are split by kind, each kind transposed with ``zip`` and handed to Arrow, and
 a ``pub``'s hops are gathered from its file's route table with one ``take``. Version-1 files
 (JSON Lines) go through the plain reader. Torn tails are skipped as everywhere else.
+
+What the job reads (:func:`job_tables`) keeps the routes apart, as the brokers write them:
+the records carry a route id ``rid`` (unique across the compacted files) and ``hl`` (the
+route delivered or dropped locally) instead of the ``next``, ``loc`` and ``drop`` arrays, and
+a small routes table per file holds each route's hops once. Arrays of strings cost Spark
+most per row (in the shuffle, the cache and the set operations of the local views); a route
+is shared by thousands of publications.
 """
 
 from __future__ import annotations
@@ -51,11 +58,44 @@ def arrow_schema() -> Any:
     return pa.schema([(name, simple.get(kind, nb)) for name, kind in field_types().items()])
 
 
-def _table(columns: dict[str, Any], rows: int) -> Any:
-    """A table of the full schema from some columns (the rest null)."""
+HOPS = ("next", "loc", "drop")
+"""The flat fields that the job reads from the routes table, not from each record."""
+ROUTE_ID_BITS = 32
+"""A compacted file's route ids are its index shifted by this, plus the id in the file."""
+
+
+@cache
+def records_schema() -> Any:
+    """What the job reads of each record: the flat schema without the hops' arrays, with
+    ``rid`` (its route, for a ``pub``) and ``hl`` (delivered or dropped locally)."""
     import pyarrow as pa
 
-    schema = arrow_schema()
+    kept = [field for field in arrow_schema() if field.name not in HOPS]
+    return pa.schema([*kept, ("rid", pa.int64()), ("hl", pa.bool_())])
+
+
+@cache
+def routes_schema() -> Any:
+    """The routes table: a route's id and hops (previous hop and the three arrays)."""
+    import pyarrow as pa
+
+    flat = arrow_schema()
+    return pa.schema(
+        [("rid", pa.int64()), flat.field("prev"), *(flat.field(name) for name in HOPS)]
+    )
+
+
+def spark_ddl(schema: Any) -> str:
+    """An Arrow schema of the compacted tables as a Spark DDL string."""
+    types = {**field_types(), "rid": "long", "hl": "boolean"}
+    return ", ".join(f"`{field.name}` {types[field.name]}" for field in schema)
+
+
+def _table(columns: dict[str, Any], rows: int, schema: Any = None) -> Any:
+    """A table of ``schema`` (default: the flat one) from some columns (the rest null)."""
+    import pyarrow as pa
+
+    schema = schema or arrow_schema()
     arrays = []
     for field in schema:
         values = columns.get(field.name)
@@ -70,37 +110,75 @@ def _table(columns: dict[str, Any], rows: int) -> Any:
 
 def table_of(path: Path) -> Any:
     """One log file (either version) as an Arrow table of flat records."""
+    fast = _fast(path, None)
+    if fast is not None:
+        return fast[0]
+    return _checked(list(read_log(path)), arrow_schema())
+
+
+def job_tables(path: Path, index: int) -> tuple[Any, Any]:
+    """One log file (either version) as the job reads it: its records (:func:`records_schema`)
+    and its routes (:func:`routes_schema`), route ids starting at ``index << 32``."""
+    fast = _fast(path, index << ROUTE_ID_BITS)
+    if fast is not None:
+        return fast
+    rows = list(read_log(path))
+    routes: dict[tuple[Any, ...], int] = {}
+    base = index << ROUTE_ID_BITS
+    for row in rows:
+        if row["k"] == "pub":
+            hops = tuple(tuple(row.pop(name, None) or ()) for name in HOPS)
+            key = (row.get("prev"), *hops)
+            rid = routes.get(key)
+            if rid is None:
+                rid = routes[key] = base + len(routes)
+            row["rid"], row["hl"] = rid, bool(hops[1] or hops[2])
+    route_rows = [
+        {"rid": rid, "prev": key[0], **{n: list(h) for n, h in zip(HOPS, key[1:], strict=True)}}
+        for key, rid in routes.items()
+    ]
+    return _checked(rows, records_schema()), _checked(route_rows, routes_schema())
+
+
+def _fast(path: Path, base: int | None) -> tuple[Any, Any] | None:
+    """:func:`_columns` of a version-2 file, or None where the careful reader must decide."""
     import pyarrow as pa
 
-    if path.suffix != LEGACY_SUFFIX:
-        try:
-            table = _columns(raw_records(path))
-        except (pa.ArrowException, TypeError, ValueError, KeyError, IndexError):
-            table = None
-        if table is not None:
-            return table
-    # Version 1, or a record out of layout: the careful reader decides what to keep, and a
-    # record whose fields have the wrong types is dropped like a torn line.
-    rows = list(read_log(path))
+    if path.suffix == LEGACY_SUFFIX:
+        return None
     try:
-        return pa.Table.from_pylist(rows, schema=arrow_schema())
+        return _columns(raw_records(path), base)
+    except (pa.ArrowException, TypeError, ValueError, KeyError, IndexError):
+        return None
+
+
+def _checked(rows: list[dict[str, Any]], schema: Any) -> Any:
+    """Rows from the careful reader (version 1, or a record out of layout) as a table; a row
+    whose fields have the wrong types is dropped like a torn line."""
+    import pyarrow as pa
+
+    try:
+        return pa.Table.from_pylist(rows, schema=schema)
     except (pa.ArrowException, TypeError, ValueError):
         good = []
         for row in rows:
             try:
-                pa.Table.from_pylist([row], schema=arrow_schema())
+                pa.Table.from_pylist([row], schema=schema)
             except (pa.ArrowException, TypeError, ValueError):
                 continue
             good.append(row)
-        return pa.Table.from_pylist(good, schema=arrow_schema())
+        return pa.Table.from_pylist(good, schema=schema)
 
 
-def _columns(records: list[Any]) -> Any | None:
-    """Flat records as Arrow from a file's positional records with one short Python step
-    per record (onto its kind's list), then C++ loops: each kind's tuples converted by Arrow
-    as a struct array, each ``pub``'s hops gathered from the route table with one ``take``.
-    None (or an exception) when a record does not fit its layout: then
-    :func:`analytics.logfile.read_file` decides what to keep."""
+def _columns(records: list[Any], base: int | None) -> tuple[Any, Any] | None:
+    """Records as Arrow from a file's positional records with one short Python step per
+    record (onto its kind's list), then C++ loops: each kind's tuples converted by Arrow as a
+    struct array, each ``pub``'s route gathered from the route table with one ``take``.
+
+    ``base`` None: the flat records (the hops expanded into every ``pub``), and no routes
+    table. Else the job's records and routes tables (see :func:`job_tables`), route ids
+    ``base`` + the id in the file. None (or an exception) when a record does not fit its
+    layout: then :func:`analytics.logfile.read_file` decides what to keep."""
     import pyarrow as pa
     import pyarrow.compute as pc  # type: ignore[import-untyped]
 
@@ -110,8 +188,8 @@ def _columns(records: list[Any]) -> Any | None:
     add = {kind: group.append for kind, group in groups.items()}
     for rec in records:
         add[rec[0]](rec)  # KeyError, TypeError: not a record of this version
-    schema = arrow_schema()
-    types = {field.name: field.type for field in schema}
+    schema = arrow_schema() if base is None else records_schema()
+    types = {field.name: field.type for field in arrow_schema()}
     types["route"] = pa.int64()
 
     def pick(kind: str, layout: tuple[str, ...]) -> dict[str, Any]:
@@ -131,9 +209,14 @@ def _columns(records: list[Any]) -> Any | None:
                 "nb": [[{"id": i, "vn": v, "r": x} for i, v, x in m[6] or ()] for m in metas],
             },
             len(metas),
+            schema,
         )
     ]
     routes = {rec[1]: rec[2:] for rec in groups["route"]}
+    # Routed mode: the file's routes, then one per distinct inline hops of a pubx record.
+    route_ids = sorted(routes)
+    hops_of = [routes[id_] for id_ in route_ids]
+    inline_at: dict[tuple[Any, ...], int] = {}
     for kind, layout in _LAYOUTS.items():
         if not groups[kind]:
             continue
@@ -144,41 +227,83 @@ def _columns(records: list[Any]) -> Any | None:
             ids = data.pop("route")
             if ids.null_count or not set(pc.unique(ids).to_pylist()) <= routes.keys():
                 return None
-            top = max(routes) + 1
-            hops = [routes.get(i, (None, None, (), (), ())) for i in range(top)]
-            names = ("prev", "pc", "next", "loc", "drop")
-            for name, values in zip(names, zip(*hops, strict=True), strict=True):
-                data[name] = pa.array(values, types[name]).take(ids)
-        tables.append(_table(data, rows))
+            if base is None:
+                top = max(routes) + 1
+                hops = [routes.get(i, (None, None, (), (), ())) for i in range(top)]
+                names = ("prev", "pc", "next", "loc", "drop")
+                for name, values in zip(names, zip(*hops, strict=True), strict=True):
+                    data[name] = pa.array(values, types[name]).take(ids)
+            else:
+                at = pc.index_in(ids, value_set=pa.array(route_ids, pa.int64()))
+                for i, name in enumerate(("prev", "pc")):
+                    data[name] = pa.array([h[i] for h in hops_of], types[name]).take(at)
+                local = [bool(h[3]) or bool(h[4]) for h in hops_of]
+                data["hl"] = pa.array(local, pa.bool_()).take(at)
+                data["rid"] = pc.add(at.cast(pa.int64()), base)
+        elif kind == "pubx" and base is not None:
+            places = []
+            for rec in groups[kind]:
+                inline = (rec[4], rec[5], *(tuple(x or ()) for x in rec[7:10]))
+                place = inline_at.get(inline)
+                if place is None:
+                    place = inline_at[inline] = len(hops_of)
+                    hops_of.append(inline)
+                places.append(place)
+            data["rid"] = pa.array([base + x for x in places], pa.int64())
+            data["hl"] = pa.array([bool(rec[8]) or bool(rec[9]) for rec in groups[kind]])
+        tables.append(_table(data, rows, schema))
     whole = pa.concat_tables(tables)
     rows = whole.num_rows
     whole = whole.set_column(0, "v", pa.repeat(pa.scalar(VERSION, pa.int32()), rows))
     for name, value, kind in (("b", b, pa.string()), ("vn", vn, pa.string()), ("r", r, pa.int32())):
         index = whole.schema.get_field_index(name)
         whole = whole.set_column(index, name, pa.repeat(pa.scalar(value, kind), rows))
-    return whole
+    if base is None:
+        return whole, None
+    columns = list(zip(*hops_of, strict=True)) if hops_of else [(), (), (), (), ()]
+    route_table = _table(
+        {
+            "rid": [base + x for x in range(len(hops_of))],
+            "prev": columns[0],
+            **{
+                name: [list(h or ()) for h in values]
+                for name, values in zip(HOPS, columns[2:], strict=True)
+            },
+        },
+        len(hops_of),
+        routes_schema(),
+    )
+    return whole, route_table
 
 
-def compact_file(path: str, dest: str) -> int:
-    """Write one log file's records to ``dest`` as Parquet; returns the record count."""
+RECORDS_DIR, ROUTES_DIR = "records", "routes"
+"""Under the compaction's destination: the job's records and routes tables."""
+
+
+def compact_file(path: str, dest: str, index: int) -> int:
+    """Write one log file as the job reads it (:func:`job_tables`) to ``dest``'s records and
+    routes directories, ``part-<index>.parquet`` in each; returns the record count."""
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
-    table = table_of(Path(path))
-    pq.write_table(table, dest, compression="snappy")
-    return int(table.num_rows)
+    records, routes = job_tables(Path(path), index)
+    name = f"part-{index:05d}.parquet"
+    pq.write_table(records, Path(dest) / RECORDS_DIR / name, compression="snappy")
+    pq.write_table(routes, Path(dest) / ROUTES_DIR / name, compression="snappy")
+    return int(records.num_rows)
 
 
 def compact(logs: str | Path, dest: str | Path, workers: int | None = None) -> int:
-    """Every log file under ``logs`` as Parquet under ``dest`` (``part-NNNNN.parquet``),
-    ``workers`` files at a time; returns the record count."""
+    """Every log file under ``logs`` as the job's Parquet tables under ``dest``, ``workers``
+    files at a time; returns the record count."""
     out = Path(dest)
-    out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("part-*.parquet"):
-        old.unlink()
+    for sub in (RECORDS_DIR, ROUTES_DIR):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+        for old in (out / sub).glob("part-*.parquet"):
+            old.unlink()
     files: Sequence[Path] = log_files(logs)
-    jobs = [(str(p), str(out / f"part-{i:05d}.parquet")) for i, p in enumerate(files)]
+    jobs = [(str(p), str(out), i) for i, p in enumerate(files)]
     workers = max(1, min(workers or os.cpu_count() or 2, len(jobs)))
     if workers == 1:
-        return sum(compact_file(src, dst) for src, dst in jobs)
+        return sum(compact_file(*job) for job in jobs)
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
         return sum(pool.map(compact_file, *zip(*jobs, strict=True)))

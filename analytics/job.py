@@ -29,9 +29,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from analytics.compact import compact
+from analytics.compact import (
+    RECORDS_DIR,
+    ROUTES_DIR,
+    compact,
+    records_schema,
+    routes_schema,
+    spark_ddl,
+)
 from analytics.reference import FEEDBACK_COUNTS, TABLES
-from analytics.schema import OUTPUT_VERSION, schema_version, spark_ddl
+from analytics.schema import OUTPUT_VERSION, schema_version
 
 BIG_COLUMNS = (
     "k",
@@ -43,14 +50,18 @@ BIG_COLUMNS = (
     "prev",
     "pc",
     "from",
-    "next",
-    "loc",
-    "drop",
+    "rid",
+    "hl",
     "dig",
     "ok",
     "cul",
 )
-"""The columns of pub, copy, sig and share records the tables use."""
+"""The columns of pub, copy, sig and share records the tables use (a pub's hops are in the
+routes table, named by ``rid``)."""
+RECORDS_PER_PARTITION = 500_000
+"""Records per shuffle partition: a few seconds of work per task on this machine, so small
+logs run as few tasks (each stage costs tens of milliseconds per task to schedule) and large
+ones in enough partitions to fit in memory (30M records failed in 4)."""
 INPUT_DIR = "_input"
 """Under ``--out``: the logs compacted to Parquet (:mod:`analytics.compact`), removed after."""
 
@@ -88,20 +99,24 @@ def session(master: str | None = None, app: str = "trellis-analytics", **conf: s
     return spark
 
 
-def load(spark: Any, compacted: str | Path) -> Any:
-    """The records compacted under ``compacted`` (see :func:`analytics.compact.compact`)."""
+def load(spark: Any, compacted: str | Path) -> tuple[Any, Any]:
+    """The records and the routes compacted under ``compacted``
+    (see :func:`analytics.compact.compact`)."""
     from pyspark.sql import functions as F
 
-    raw = spark.read.schema(spark_ddl()).parquet(str(compacted))
-    return raw.where(F.col("k").isNotNull() & F.col("t").isNotNull())
+    root = Path(compacted)
+    raw = spark.read.schema(spark_ddl(records_schema())).parquet(str(root / RECORDS_DIR))
+    routes = spark.read.schema(spark_ddl(routes_schema())).parquet(str(root / ROUTES_DIR))
+    return raw.where(F.col("k").isNotNull() & F.col("t").isNotNull()), routes
 
 
 def compute(
-    records: Any, width: float, timely: float = 1.0, rare: Any | None = None
+    records: Any, routes: Any, width: float, timely: float = 1.0, rare: Any | None = None
 ) -> dict[str, Any]:
     """Every output table as a DataFrame (same semantics as :func:`analytics.reference.compute`).
 
-    ``rare``: the ``meta`` and ``link`` records when ``records`` holds only the others."""
+    ``routes``: the hops of every ``rid`` the pub records name; ``rare``: the ``meta`` and
+    ``link`` records when ``records`` holds only the others."""
     from pyspark.sql import functions as F
 
     col, lit = F.col, F.lit
@@ -128,9 +143,7 @@ def compute(
     pub_info = pubs.groupBy("p", "s").agg(
         F.min("t").alias("t0"),
         F.min(F.when(col("pc"), col("vn"))).alias("src"),
-        F.array_sort(
-            F.collect_set(F.when((F.size("loc") > 0) | (F.size("drop") > 0), col("vn")))
-        ).alias("dsts"),
+        F.array_sort(F.collect_set(F.when(col("hl"), col("vn")))).alias("dsts"),
     )
     pub_info = pub_info.withColumn("w", window_of(col("t0"))).drop("t0").cache()
     win = pub_info.select("p", "s", col("w").alias("pw"))
@@ -149,7 +162,8 @@ def compute(
         .agg(F.count(lit(1)).alias("demand"))
     )
 
-    pubs_w = windowed(pubs)
+    # A route's members and drops are computed once per route (a few hundred), not per
+    # publication: publications are counted per (window, broker, route) first.
     members_set = F.array_sort(
         F.array_distinct(
             F.concat(
@@ -160,16 +174,24 @@ def compute(
             )
         )
     )
+    hops = routes.select(
+        "rid", members_set.alias("members"), F.coalesce(F.size("drop"), lit(0)).alias("nd")
+    )
+    per_route = (
+        windowed(pubs)
+        .groupBy("w", col("b").alias("broker"), "rid")
+        .agg(F.count(lit(1)).alias("c"))
+        .join(F.broadcast(hops), "rid")
+    )
     local_views = (
-        pubs_w.select("w", col("b").alias("broker"), members_set.alias("members"))
-        .where(F.size("members") > 1)
+        per_route.where(F.size("members") > 1)
         .groupBy("w", "broker", "members")
-        .agg(F.count(lit(1)).alias("demand"))
+        .agg(F.sum("c").alias("demand"))
     )
     dropped = (
-        pubs_w.where(F.size("drop") > 0)
-        .groupBy("w", col("b").alias("broker"))
-        .agg(F.sum(F.size("drop")).alias("dropped_deliveries"))
+        per_route.where(col("nd") > 0)
+        .groupBy("w", "broker")
+        .agg(F.sum(col("nd") * col("c")).alias("dropped_deliveries"))
     )
 
     # What each evaluator e saw of each publication (p, s) it routed from a neighbour VN,
@@ -453,16 +475,19 @@ def run(
     input_dir = out_dir / INPUT_DIR
     if pending is None:
         say("compacting logs to Parquet")
-        compact(logs, input_dir)
+        compacted = compact(logs, input_dir)
     else:
-        pending.result()
+        compacted = pending.result()
     say(f"logs compacted ({time.monotonic() - started:.1f} s)")
+    configured = spark.conf.get("spark.sql.shuffle.partitions")
+    cores = spark.sparkContext.defaultParallelism
+    partitions = shuffle_partitions(compacted, int(configured), cores)
+    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
     # One shuffle up front: every record of a publication in one partition. Every later
     # grouping and join is keyed by (publication, ...) and reuses this partitioning; only
     # the small per-window aggregates move again.
     # Only the columns the tables need travel; meta and link records stay aside.
-    partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
-    loaded = load(spark, input_dir)
+    loaded, routes = load(spark, input_dir)
     is_rare = F.col("k").isin("meta", "link")
     rare = loaded.where(is_rare).cache()
     records = (
@@ -474,7 +499,7 @@ def run(
     say("reading logs")
     count = records.count() + rare.count()
     say(f"{count} records read ({time.monotonic() - started:.1f} s)")
-    tables = compute(records, width, timely, rare)
+    tables = compute(records, routes.cache(), width, timely, rare)
     for name, df in tables.items():
         say(f"writing {name}")
         df.withColumn("version", F.lit(OUTPUT_VERSION)).write.mode("overwrite").parquet(
@@ -484,11 +509,20 @@ def run(
     summary["seconds"] = round(time.monotonic() - started, 3)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", "utf-8")
-    records.unpersist()
-    rare.unpersist()
+    # Every frame cached on the way (records and intermediates) goes, and the setting
+    # returns: a session that runs the job again starts as it was.
+    spark.catalog.clearCache()
+    spark.conf.set("spark.sql.shuffle.partitions", configured)
     shutil.rmtree(input_dir, ignore_errors=True)
     say(f"done in {summary['seconds']:.1f} s")
     return summary
+
+
+def shuffle_partitions(records: int, most: int, least: int) -> int:
+    """Shuffle partitions for ``records`` records: one per :data:`RECORDS_PER_PARTITION`,
+    at least ``least`` (the cores) and at most ``most`` (the session's setting)."""
+    wanted = -(-records // RECORDS_PER_PARTITION)
+    return max(least, min(most, wanted))
 
 
 def parse_seconds(text: str) -> float:

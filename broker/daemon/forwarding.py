@@ -271,8 +271,9 @@ class Forwarder:
             started = time.perf_counter()
             targets = self.router.route(attrs, source)
             stats.observe_match(time.perf_counter() - started)
+        route_key = (source, *targets)  # the traffic class, and the traffic log's route
         if targets:
-            self.traffic[(source, *targets)] += 1
+            self.traffic[route_key] += 1
         forward_frame: bytes | None = None
         deliver_frames: dict[tuple[str, ...], bytes] = {}
         dropped: list[Hop] | None = None
@@ -301,7 +302,6 @@ class Forwarder:
         tlog = self.tlog
         if tlog is not None:
             if dropped is None:
-                route_key = (source, *targets)
                 route = tlog.routes.get(route_key)
                 if route is None:
                     route = tlog.define_route(route_key, source, targets)

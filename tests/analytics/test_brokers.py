@@ -2,8 +2,9 @@
 
 A line of 3 VNs × 3 replicas: b0.2 drops every publication and share, b1.1 corrupts every
 payload and sub-share it forwards. A publisher at b0 sends plain and confidential
-publications to a subscriber at b2. Then ``trellis analytics run`` (Spark local mode) reads
-the brokers' logs, and its outputs must say exactly what the faults imply: every copy b0.2
+publications to a subscriber at b2. Then the job (Spark local mode, the session the analytics
+tests share; ``trellis analytics run`` is the same :func:`analytics.job.run`) reads the
+brokers' logs, and its outputs must say exactly what the faults imply: every copy b0.2
 owed b1's replicas is missing, every copy b1.1 sent b2's replicas conflicts (plain) or fails
 the publisher's signature (confidential), every share b2 rejected is blamed on b1.1 as the
 brokers' own counters say, and every honest broker is clean. The job's local views equal
@@ -13,9 +14,6 @@ the brokers' live OCBR counters (``GET /reconfig``) on the same traffic.
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from analytics import job
 from broker.client import Client
 from broker.tools.local import LocalOverlay, fetch_json, metric_by_label
 from overlay.tree import line_tree
@@ -30,7 +29,12 @@ from overlay.tree import line_tree
 pq = pytest.importorskip("pyarrow.parquet")
 pytest.importorskip("pyspark")
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    # py4j (PySpark's bridge to the JVM) leaves its sockets to the garbage collector.
+    pytest.mark.filterwarnings("ignore::ResourceWarning"),
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+]
 
 PLAIN, CONFIDENTIAL = 40, 10
 DROPPER, CORRUPTER = "b0.2", "b1.1"
@@ -58,7 +62,7 @@ async def traffic(overlay: LocalOverlay) -> int:
 
 
 def test_the_job_names_the_culprits_of_a_real_overlay(
-    run_overlay: Callable[..., LocalOverlay], tmp_path: Path
+    run_overlay: Callable[..., LocalOverlay], spark: Any, tmp_path: Path
 ) -> None:
     logs, out = tmp_path / "traffic", tmp_path / "out"
     overlay = run_overlay(
@@ -81,30 +85,7 @@ def test_the_job_names_the_culprits_of_a_real_overlay(
     }
     overlay.stop()  # a graceful stop writes every broker's last batch
 
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "broker",
-            "analytics",
-            "run",
-            "--logs",
-            str(logs),
-            "--out",
-            str(out),
-            "--window",
-            str(ONE_WINDOW),
-            "--master",
-            "local[2]",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads(done.stdout)
+    summary = job.run(spark, logs, out, ONE_WINDOW)
     total = PLAIN + CONFIDENTIAL
     assert summary["publications"] == total
     assert {b["broker"] for b in summary["brokers_with_failures"]} == {DROPPER, CORRUPTER}

@@ -2,14 +2,13 @@
 
 The logs have several windows, copies written late (after their publication's window
 closed, at the end of their file), a dropping and a corrupting replica, confidential
-publications with rejected shares, slow-consumer drops and a torn last line. One local
-SparkSession serves the whole module.
+publications with rejected shares, slow-consumer drops and a torn last line. The local
+SparkSession is the one the analytics tests share (``conftest.py``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +29,6 @@ pytestmark = [
 ]
 
 WINDOW = 20.0
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = job.session("local[2]", **{"spark.driver.memory": "1g"})
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,3 +215,52 @@ def test_the_job_s_compaction_equals_the_reader(tmp_path: Path) -> None:
     flat = list(read_log(path))
     assert [r["k"] for r in flat] == ["meta", "copy", "copy"]
     assert sorted(map(repr, table_of(path).to_pylist())) == _flat(flat)
+
+
+def test_the_job_s_records_and_routes_rebuild_the_flat_records(tmp_path: Path) -> None:
+    """What the job reads (records naming a route, and each file's routes table) holds the
+    same facts as the flat records: from version-2 files (pub and pubx records), from
+    version-1 JSON Lines, with route ids unique across files."""
+    from analytics.compact import HOPS, job_tables, table_of
+    from analytics.generate import generate
+    from analytics.logfile import FileWriter
+
+    generate(tmp_path / "gen", 200, confidential=0.5)
+    meta = {"t": 1.0, "b": "b1.0", "vn": "b1", "r": 0, "vs": 3, "nb": []}
+    odd = FileWriter(tmp_path / "gen" / "traffic-x.tlog", meta)
+    hops = {"prev": "c", "pc": True, "from": "c", "next": ["b2"], "n": 3, "conf": False}
+    odd.add({"k": "pub", "t": 2.0, "p": "p", "s": 1, **hops, "loc": ["s1"], "drop": []})
+    for s in (2, 3):  # a delivery dropped: hops inline, one route for both
+        odd.batch.extend(("pubx", 2.0 + s, "p", s, "c", True, "c", ["b2"], [], ["s1"], 3, False, 0))
+    odd.close()
+    legacy = tmp_path / "gen" / "b9" / "traffic-0.jsonl"
+    legacy.parent.mkdir()
+    lines = [
+        json.dumps({**r, "v": 1}) + "\n" for r in read_log(tmp_path / "gen" / "traffic-x.tlog")
+    ]
+    legacy.write_text("".join(lines))
+    seen: set[int] = set()
+    files = log_files(tmp_path / "gen")
+    assert len(files) > 3
+    for index, path in enumerate(files):
+        records, routes = job_tables(path, index)
+        by_id = {r["rid"]: r for r in routes.to_pylist()}
+        assert all(rid >> 32 == index for rid in by_id)
+        assert not seen & by_id.keys()
+        seen |= by_id.keys()
+        flat = table_of(path).to_pylist()
+        assert len(flat) == records.num_rows
+        for got, want in zip(records.to_pylist(), flat, strict=True):
+            rid, local = got.pop("rid"), got.pop("hl")
+            assert got == {k: v for k, v in want.items() if k not in HOPS}
+            if want["k"] == "pub":
+                route = by_id[rid]
+                assert route["prev"] == want["prev"]
+                assert [route[h] for h in HOPS] == [want[h] or [] for h in HOPS]
+                assert local == bool(want["loc"] or want["drop"])
+            else:
+                assert rid is None
+                assert local is None
+    records, routes = job_tables(tmp_path / "gen" / "traffic-x.tlog", 0)
+    assert routes.num_rows == 2  # the pub's route, and one for both pubx records
+    assert records.column("rid").to_pylist()[1:] == [0, 1, 1]
