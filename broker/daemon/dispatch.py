@@ -239,7 +239,13 @@ class Connection(asyncio.Protocol):
 
     def flush(self) -> None:
         if self.out and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(b"".join(self.out) if len(self.out) > 1 else self.out[0])
+            try:
+                self.transport.write(b"".join(self.out) if len(self.out) > 1 else self.out[0])
+            except RuntimeError:
+                # uvloop closed the handle under a transport not yet marked closing (the
+                # peer reset it); connection_lost follows. Raising here would end whatever
+                # task was flushing (the heartbeat's close: the whole broker).
+                log.debug("%r: write after the connection was lost", self)
         self.out.clear()
 
     def fail(self, exc: Exception, rid: int = 0) -> None:

@@ -150,3 +150,33 @@ async def test_a_plain_broker_says_it_tolerates_no_byzantine_replica_at_info_onl
         pass
     said = [r for r in caplog.records if "Byzantine" in r.getMessage()]
     assert [r.levelno for r in said] == [logging.WARNING]
+
+
+async def test_closing_a_connection_whose_socket_uvloop_already_closed_costs_only_that_one() -> (
+    None
+):
+    """Found by tests/hosts: on uvloop, a transport whose peer reset it may not say
+    ``is_closing()`` yet its write raises RuntimeError; the heartbeat's close then flushed
+    into it and the error ended the heartbeat task, and with it the broker."""
+    async with (
+        serving(id="solo") as server,
+        Client(endpoint(server), client_id="s") as sc,
+        sc.subscribe("class = 'quote'") as sub,
+        Client(endpoint(server), client_id="p") as pc,
+    ):
+        await pc.advertise("class = 'quote'")
+        conn = next(c for c in server.broker.connections if c.peer_id == "p")
+        assert conn.transport is not None
+
+        def closed_handle(_data: object) -> None:
+            raise RuntimeError(
+                "unable to perform operation on <TCPTransport>; the handler is closed"
+            )
+
+        conn.transport.write = closed_handle  # type: ignore[method-assign]
+        conn.send_raw(b"queued")  # what the heartbeat's close would flush
+        conn.close()
+        async with Client(endpoint(server), client_id="p2") as other:
+            await other.advertise("class = 'quote'")
+            await other.publish({"class": "quote", "n": 1}, b"still served")
+            assert (await sub.get(5)).payload == b"still served"
