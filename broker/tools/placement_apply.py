@@ -25,6 +25,7 @@ import os
 import signal
 import time
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -206,6 +207,34 @@ class LocalReplicas:
         self.info.setdefault("vns", {})[vn] = list(switched.members[vn])
         self._save()
         return Change("detach", vn, leaving, time.monotonic() - started, switched.version)
+
+    def refuse_client_vns(self, vns: Iterable[str]) -> None:
+        """Refuse, before anything changes, a plan that resizes a VN serving clients.
+
+        Attach/detach is built for VNs that only forward: a client keeps the endpoint list
+        and replica count it was given, so a subscriber at a resized edge VN would miss the
+        new replica's copies and key shares (or wait for a replica that left).
+
+        Raises:
+            OverlayError: naming each such VN and how many clients it serves.
+        """
+        brokers = self._brokers()
+        serving: dict[str, int] = {}
+        for vn in sorted(set(vns)):
+            for broker_id in self.manifest.members.get(vn, ()):
+                if broker_id in brokers:
+                    health = fetch_json(brokers[broker_id]["admin"] + "/healthz")
+                    clients = int(health.get("clients", 0))
+                    if clients:
+                        serving[vn] = serving.get(vn, 0) + clients
+        if serving:
+            listed = ", ".join(f"{vn} ({n} client connection(s))" for vn, n in serving.items())
+            raise OverlayError(
+                f"the plan resizes VNs that serve clients: {listed}; live attach/detach is "
+                "built for VNs that only forward (a client keeps the endpoint list and replica "
+                "count it was given). Leave them out of the plan ([placement] weights, paths) "
+                "or move their clients first"
+            )
 
     def _config_for(
         self, broker_id: str, vn: str, index: int, extra: dict[str, Any]

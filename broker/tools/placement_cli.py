@@ -268,6 +268,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
             print(f"  {action} one replica {'to' if action == 'attach' else 'from'} {vn}")
         return 0
     replicas = LocalReplicas(workdir)
+    replicas.refuse_client_vns(vn for _, vn in actions)
     print("applying:")
     for action, vn in actions:
         change = replicas.attach(vn) if action == "attach" else replicas.detach(vn)

@@ -28,6 +28,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 
+from broker.client import Client
 from broker.tools import cli
 from broker.tools.local import LocalOverlay, fetch_json, stop_overlay
 from overlay.tree import Tree, line_tree
@@ -163,6 +164,34 @@ def test_apply_prints_the_actions_when_no_broker_runs_or_on_a_dry_run(
             "attach one replica to b0 attach one replica to b2 detach one replica from b1"
         )
     assert json.loads((overlay.workdir / "manifest.json").read_text())["version"] == 0
+
+
+@pytest.mark.slow
+def test_apply_refuses_a_plan_that_resizes_a_vn_serving_clients_before_changing_anything(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    overlay = run_overlay(TREE, replicas=REPLICAS)
+    config = write_config(tmp_path / "p.toml", '[placement]\nbudget = 6\npaths = ["b0 -> b2"]\n')
+    before = {b: p.pid for b, p in overlay.brokers.items()}
+
+    async def apply_with_a_client_at_b0() -> int:
+        async with Client(overlay.endpoints("b0"), client_id="edge"):
+            return await asyncio.to_thread(
+                cli.main,
+                ["placement", "apply", "--dir", str(overlay.workdir), "--config", str(config)],
+            )
+
+    code = asyncio.run(apply_with_a_client_at_b0())
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "the plan resizes VNs that serve clients: b0 (1 client connection(s))" in err
+    assert json.loads((overlay.workdir / "manifest.json").read_text())["version"] == 0
+    assert {b: p.pid for b, p in overlay.brokers.items()} == before
+    assert sorted(
+        b["id"] for b in json.loads((overlay.workdir / "overlay.json").read_text())["brokers"]
+    ) == sorted(before)
 
 
 def test_plan_errors_say_what_is_missing(
