@@ -224,7 +224,6 @@ def _closed_loop(workdir: Path, tree: Tree) -> int:
 
     The placement plan follows ``tree``, the tree the traffic crossed (the cycle's moves
     have changed the live one since)."""
-    from analytics.job import human_summary
     from broker.tools.adaptive_cycles import describe_cycle
     from broker.tools.placement_cli import format_report, make_plan
 
@@ -240,7 +239,13 @@ def _closed_loop(workdir: Path, tree: Tree) -> int:
         print(f"  {describe_cycle(record)}")
         return 1
     summary = json.loads(summary_file.read_text("utf-8"))
-    _indented(human_summary(summary))
+    bad = summary["brokers_with_failures"]
+    print(
+        f"  {summary['records']} records, {summary['publications']} publications in "
+        f"{summary['classes']} traffic class(es); brokers with failures:" + ("" if bad else " none")
+    )
+    for b in bad:
+        print(f"    {b['broker']}: {b['failures']} of {b['events']} ({b['failure_ratio']:.1%})")
     trust = record.get("trust", {})
     print("  VN trust: " + ", ".join(f"{vn} {t:.2f}" for vn, t in sorted(trust.items())))
     print(f"  {describe_cycle(record)}")

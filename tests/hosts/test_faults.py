@@ -64,7 +64,9 @@ def test_a_partition_during_live_rounds_is_buffered_and_replayed() -> None:
     _moved_and_agreed(tally)
     # What a partition holds back is bounded by the links' send buffers (4 MiB each).
     assert tally.peak_rss_growth_kib < 64 * 1024
-    assert tally.fd_growth <= 2
+    # A round that moved d leaves the VN it moved to with one link per replica of d more
+    # (3); beyond that, at most two connections still closing.
+    assert tally.fd_growth <= 3 + 2
 
 
 def test_a_publisher_flooding_into_a_partition_is_held_back_not_dropped() -> None:
