@@ -98,6 +98,7 @@ from typing import Any, Protocol
 
 from broker.daemon.config import NeighbourConfig, ReconfigConfig
 from broker.daemon.hops import Hop
+from broker.daemon.links import sibling_agreement
 from broker.language.filters import Filter
 from broker.routing.router import Owned, hood_routing
 from broker.wire.protocol import (
@@ -255,12 +256,16 @@ class ControlChannel:
             raise ProtocolError(f"broker {self.peer} refused a control connection: {reply}")
 
     async def call(self, step: Step | RequestedMove, timeout: float) -> Reply:
+        return await self.request(step.op, step.to_data(), timeout)
+
+    async def request(self, op: str, data: dict[str, Any], timeout: float) -> Reply:
+        """Send one ``RECONF`` request and wait for its reply."""
         assert self.writer is not None
         if self.writer.is_closing():
             # The member died or reset the connection (uvloop raises RuntimeError on a
             # write to it): an unreachable member, as the round's error handling expects.
             raise ConnectionResetError(f"control connection to {self.peer} is closed")
-        self.writer.write(encode(Reconf(step.op, step.to_data())))
+        self.writer.write(encode(Reconf(op, data)))
         async with asyncio.timeout(timeout):
             while True:
                 msg = await self._read()
@@ -269,7 +274,7 @@ class ControlChannel:
                 if type(msg) is Ping:
                     self.writer.write(encode(Pong(msg.token)))
                 elif type(msg) is not Pong:
-                    raise ProtocolError(f"broker {self.peer} answered {step.op} with {msg}")
+                    raise ProtocolError(f"broker {self.peer} answered {op} with {msg}")
 
     async def _read(self) -> Message:
         assert self.reader is not None
@@ -627,6 +632,8 @@ class ReconfigAgent:
                             f"a move is asked under the broker's own id, not {sender!r}"
                         )
                     reply = await self.request_move(parse_move(data))
+                elif op == "neighbours":
+                    reply = self.neighbours_answer()
                 else:
                     reply = await self.handle(parse_step(op, data))
             except TrellisError as exc:
@@ -637,6 +644,104 @@ class ReconfigAgent:
             answer(reply)
 
         self._spawn(serve())
+
+    def kept_vns(self) -> frozenset[str]:
+        """The neighbour VNs this broker keeps links to (what ``links_file`` holds), not
+        counting VNs linked in standby for a round in progress."""
+        h = self.hood
+        kept = {h.linked_vn(p) for p in h.directory}
+        return frozenset(vn for vn in kept if vn is not None) - frozenset(h.standby())
+
+    def neighbours_answer(self) -> Reply:
+        """A sibling replica's question: which neighbour VNs this broker keeps. Not during
+        a round, whose outcome is not known yet."""
+        if self.member.pending is not None:
+            return Reply(
+                False, f"{self.hood.broker_id}: busy with round {self.member.pending.round}"
+            )
+        return Reply(True, neighbours=tuple(sorted(self.kept_vns())))
+
+    async def adopt_siblings_links(self, timeout: float) -> frozenset[str] | None:
+        """At start, take the neighbour VNs f + 1 siblings (the other replicas of this VN)
+        agree on when they differ from the saved ones: a replica that was down while a
+        round went on without it would otherwise come back on the tree before that round,
+        its VN's replicas disagreeing on their neighbours for good. Siblings that do not
+        answer within ``timeout`` do not count; without f + 1 matching answers the saved
+        links stay (with a warning when siblings were asked and too few answered).
+        Returns the adopted set, or None. Call it before the links are dialled."""
+        h = self.hood
+        siblings = [n for n in h.directory.values() if n.vn_id == h.vn and n.id != h.broker_id]
+        size = max([n.vn_size for n in siblings], default=1)
+        if not siblings or size < 2:
+            return None
+        mine = self.kept_vns()
+        answers = await asyncio.gather(*(self._ask_neighbours(n, timeout) for n in siblings))
+        reported = [vns for vns in answers if vns is not None]
+        quorum = vouch_quorum(size)
+        agreed = sibling_agreement(mine, reported, quorum)
+        if agreed is None:
+            if len(reported) < quorum:
+                log.warning(
+                    "%s: %d of %d sibling replicas told their neighbours (%d needed to "
+                    "check the saved ones); keeping %s",
+                    h.broker_id,
+                    len(reported),
+                    len(siblings),
+                    quorum,
+                    sorted(mine) or "none",
+                )
+            return None
+        unknown = sorted(
+            vn
+            for vn in agreed
+            if vn == h.vn or not any(n.vn_id == vn for n in h.directory.values())
+        )
+        if unknown:
+            log.warning(
+                "%s: siblings agree on neighbour VNs %s, but %s are not in this broker's "
+                "directory; keeping %s",
+                h.broker_id,
+                sorted(agreed),
+                unknown,
+                sorted(mine),
+            )
+            return None
+        log.warning(
+            "%s: saved neighbour VNs %s differ from those %d siblings agree on, %s: "
+            "a round went on while this replica was down; taking theirs",
+            h.broker_id,
+            sorted(mine),
+            quorum,
+            sorted(agreed),
+        )
+        added = set(agreed - mine)
+        h.accept_standby(added)
+        h.end_standby(added)
+        for vn in mine - agreed:
+            h.retire(vn)
+        await self.persist_links()
+        return agreed
+
+    async def _ask_neighbours(
+        self, sibling: NeighbourConfig, timeout: float
+    ) -> frozenset[str] | None:
+        """One sibling's neighbour VNs, or None if it does not answer in time."""
+        h = self.hood
+        channel = ControlChannel(h.broker_id, sibling.id, sibling.endpoint, h.link_tls())
+        try:
+            await channel.open(timeout)
+            reply = await channel.request("neighbours", {}, timeout)
+        except (OSError, TrellisError, TimeoutError, asyncio.IncompleteReadError) as exc:
+            log.info(
+                "sibling %s did not tell its neighbours: %s", sibling.id, exc or type(exc).__name__
+            )
+            return None
+        finally:
+            await channel.close()
+        if not reply.ok or reply.neighbours is None:
+            log.info("sibling %s did not tell its neighbours: %s", sibling.id, reply.error)
+            return None
+        return frozenset(reply.neighbours)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)

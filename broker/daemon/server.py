@@ -99,6 +99,9 @@ class Server:
                 self.broker.vn,
                 self.config.vn_size,
             )
+        if self.config.reconfig.enabled:
+            # Before dialling: a round may have moved this VN's links while it was down.
+            await self.broker.reconfig.adopt_siblings_links(self.config.reconfig.step_timeout)
         self._write_ready_file()
         self.started.set()
         async with asyncio.TaskGroup() as tg:

@@ -676,6 +676,7 @@ RECONF_OPS = frozenset(
         "abort",
         "reply",
         "move",  # an operator's request that a master run one given move (trellis rebuild)
+        "neighbours",  # a restarted replica asks a sibling for the neighbour VNs it keeps
     }
 )
 
