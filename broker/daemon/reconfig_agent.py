@@ -147,6 +147,9 @@ WireTables = dict[str, tuple[dict[str, Any], dict[str, Any]]]
 # replica's vouch for one neighbour VN's new tables.
 VOUCH = 3
 
+# Seconds between asking a sibling busy with a round for its neighbours again.
+_ASK_AGAIN = 0.2
+
 
 class Neighbourhood(Protocol):
     """What live reconfiguration needs of its broker (implemented by the daemon's
@@ -654,31 +657,44 @@ class ReconfigAgent:
 
     def neighbours_answer(self) -> Reply:
         """A sibling replica's question: which neighbour VNs this broker keeps. Not during
-        a round, whose outcome is not known yet."""
-        if self.member.pending is not None:
-            return Reply(
-                False, f"{self.hood.broker_id}: busy with round {self.member.pending.round}"
-            )
+        a round (from its lock on), whose outcome is not known yet."""
+        lease = self.member.lease
+        if lease is not None or self.member.pending is not None:
+            where = f"round {lease.round}" if lease is not None else "a round"
+            return Reply(False, f"{self.hood.broker_id}: busy with {where}")
         return Reply(True, neighbours=tuple(sorted(self.kept_vns())))
 
-    async def adopt_siblings_links(self, timeout: float) -> frozenset[str] | None:
+    async def adopt_siblings_links(self, timeout: float, patience: float) -> frozenset[str] | None:
         """At start, take the neighbour VNs f + 1 siblings (the other replicas of this VN)
         agree on when they differ from the saved ones: a replica that was down while a
         round went on without it would otherwise come back on the tree before that round,
-        its VN's replicas disagreeing on their neighbours for good. Siblings that do not
-        answer within ``timeout`` do not count; without f + 1 matching answers the saved
-        links stay (with a warning when siblings were asked and too few answered).
-        Returns the adopted set, or None. Call it before the links are dialled."""
+        its VN's replicas disagreeing on their neighbours for good. A sibling that does not
+        answer within ``timeout`` does not count; one busy with a round is asked again
+        until ``patience`` runs out (a round holds its lock one lease at most). Without
+        f + 1 matching answers the saved links stay (with a warning when too few siblings
+        answered). Returns the adopted set, or None. Call it before the links are dialled."""
         h = self.hood
         siblings = [n for n in h.directory.values() if n.vn_id == h.vn and n.id != h.broker_id]
         size = max([n.vn_size for n in siblings], default=1)
         if not siblings or size < 2:
             return None
         mine = self.kept_vns()
-        answers = await asyncio.gather(*(self._ask_neighbours(n, timeout) for n in siblings))
-        reported = [vns for vns in answers if vns is not None]
         quorum = vouch_quorum(size)
-        agreed = sibling_agreement(mine, reported, quorum)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + patience
+        reported: dict[str, frozenset[str]] = {}
+        while True:
+            asking = [n for n in siblings if n.id not in reported]
+            replies = await asyncio.gather(*(self._ask_neighbours(n, timeout) for n in asking))
+            busy = False
+            for sibling, reply in zip(asking, replies, strict=True):
+                if reply is not None and reply.neighbours is not None:
+                    reported[sibling.id] = frozenset(reply.neighbours)
+                busy = busy or (reply is not None and not reply.ok)
+            agreed = sibling_agreement(mine, list(reported.values()), quorum)
+            if agreed is not None or not busy or loop.time() + _ASK_AGAIN > deadline:
+                break
+            await asyncio.sleep(_ASK_AGAIN)
         if agreed is None:
             if len(reported) < quorum:
                 log.warning(
@@ -722,26 +738,19 @@ class ReconfigAgent:
         await self.persist_links()
         return agreed
 
-    async def _ask_neighbours(
-        self, sibling: NeighbourConfig, timeout: float
-    ) -> frozenset[str] | None:
-        """One sibling's neighbour VNs, or None if it does not answer in time."""
+    async def _ask_neighbours(self, sibling: NeighbourConfig, timeout: float) -> Reply | None:
+        """A sibling's answer to ``neighbours`` (a refusal while it is busy with a round),
+        or None if it does not answer within ``timeout``."""
         h = self.hood
         channel = ControlChannel(h.broker_id, sibling.id, sibling.endpoint, h.link_tls())
         try:
             await channel.open(timeout)
-            reply = await channel.request("neighbours", {}, timeout)
+            return await channel.request("neighbours", {}, timeout)
         except (OSError, TrellisError, TimeoutError, asyncio.IncompleteReadError) as exc:
-            log.info(
-                "sibling %s did not tell its neighbours: %s", sibling.id, exc or type(exc).__name__
-            )
+            log.info("sibling %s did not answer: %s", sibling.id, exc or type(exc).__name__)
             return None
         finally:
             await channel.close()
-        if not reply.ok or reply.neighbours is None:
-            log.info("sibling %s did not tell its neighbours: %s", sibling.id, reply.error)
-            return None
-        return frozenset(reply.neighbours)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)

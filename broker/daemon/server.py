@@ -101,7 +101,10 @@ class Server:
             )
         if self.config.reconfig.enabled:
             # Before dialling: a round may have moved this VN's links while it was down.
-            await self.broker.reconfig.adopt_siblings_links(self.config.reconfig.step_timeout)
+            reconfig = self.config.reconfig
+            await self.broker.reconfig.adopt_siblings_links(
+                reconfig.step_timeout, reconfig.lock_lease
+            )
         self._write_ready_file()
         self.started.set()
         async with asyncio.TaskGroup() as tg:
