@@ -695,6 +695,7 @@ class ReconfigAgent:
             if agreed is not None or not busy or loop.time() + _ASK_AGAIN > deadline:
                 break
             await asyncio.sleep(_ASK_AGAIN)
+        log.info("%s: siblings' neighbour VNs %s; saved %s", h.broker_id, reported, sorted(mine))
         if agreed is None:
             if len(reported) < quorum:
                 log.warning(
