@@ -42,17 +42,26 @@ STEPS: Final = (
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """A member's answer to one step: done, or why not."""
+    """A member's answer to one step: done, or why not (and, to a ``neighbours`` request
+    from a sibling replica, the neighbour VNs this broker keeps)."""
 
     ok: bool
     error: str = ""
+    neighbours: tuple[str, ...] | None = None
 
     def to_data(self) -> dict[str, Any]:
-        return {"ok": True} if self.ok else {"ok": False, "error": self.error}
+        if not self.ok:
+            return {"ok": False, "error": self.error}
+        if self.neighbours is None:
+            return {"ok": True}
+        return {"ok": True, "neighbours": list(self.neighbours)}
 
     @classmethod
     def from_data(cls, data: Mapping[str, Any]) -> Reply:
         if data.get("ok") is True:
+            vns = data.get("neighbours")
+            if isinstance(vns, list) and all(isinstance(v, str) for v in vns):
+                return cls(True, neighbours=tuple(vns))
             return cls(True)
         return cls(False, str(data.get("error", "no reason given")))
 

@@ -105,3 +105,21 @@ def save_links(path: Path | None, neighbours: Collection[str]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps({"neighbours": sorted(neighbours)}) + "\n", encoding="utf-8")
     tmp.replace(path)
+
+
+def sibling_agreement(
+    mine: Collection[str], answers: Collection[Collection[str]], quorum: int
+) -> frozenset[str] | None:
+    """The neighbour VNs a restarted replica takes from its siblings' ``answers``: a set
+    other than ``mine`` that ``quorum`` (f + 1) siblings reported, so that f Byzantine
+    siblings cannot move its links; None to keep its own. Its own saved set does not vote:
+    it is the one that may have missed a round. (With at most 2f + 2 replicas no two sets
+    reach f + 1 among the others; a tie would go to the smallest, for determinism.)"""
+    counts: dict[frozenset[str], int] = {}
+    for answer in answers:
+        vns = frozenset(answer)
+        counts[vns] = counts.get(vns, 0) + 1
+    agreed = sorted(sorted(vns) for vns, n in counts.items() if n >= quorum)
+    if not agreed or frozenset(agreed[0]) == frozenset(mine):
+        return None
+    return frozenset(agreed[0])

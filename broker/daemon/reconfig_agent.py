@@ -98,6 +98,7 @@ from typing import Any, Protocol
 
 from broker.daemon.config import NeighbourConfig, ReconfigConfig
 from broker.daemon.hops import Hop
+from broker.daemon.links import sibling_agreement
 from broker.language.filters import Filter
 from broker.routing.router import Owned, hood_routing
 from broker.wire.protocol import (
@@ -145,6 +146,9 @@ WireTables = dict[str, tuple[dict[str, Any], dict[str, Any]]]
 # Marker waves: 1 and 2 drain the old links and carry the plan's digest; 3 is a master
 # replica's vouch for one neighbour VN's new tables.
 VOUCH = 3
+
+# Seconds between asking a sibling busy with a round for its neighbours again.
+_ASK_AGAIN = 0.2
 
 
 class Neighbourhood(Protocol):
@@ -255,12 +259,16 @@ class ControlChannel:
             raise ProtocolError(f"broker {self.peer} refused a control connection: {reply}")
 
     async def call(self, step: Step | RequestedMove, timeout: float) -> Reply:
+        return await self.request(step.op, step.to_data(), timeout)
+
+    async def request(self, op: str, data: dict[str, Any], timeout: float) -> Reply:
+        """Send one ``RECONF`` request and wait for its reply."""
         assert self.writer is not None
         if self.writer.is_closing():
             # The member died or reset the connection (uvloop raises RuntimeError on a
             # write to it): an unreachable member, as the round's error handling expects.
             raise ConnectionResetError(f"control connection to {self.peer} is closed")
-        self.writer.write(encode(Reconf(step.op, step.to_data())))
+        self.writer.write(encode(Reconf(op, data)))
         async with asyncio.timeout(timeout):
             while True:
                 msg = await self._read()
@@ -269,7 +277,7 @@ class ControlChannel:
                 if type(msg) is Ping:
                     self.writer.write(encode(Pong(msg.token)))
                 elif type(msg) is not Pong:
-                    raise ProtocolError(f"broker {self.peer} answered {step.op} with {msg}")
+                    raise ProtocolError(f"broker {self.peer} answered {op} with {msg}")
 
     async def _read(self) -> Message:
         assert self.reader is not None
@@ -627,6 +635,8 @@ class ReconfigAgent:
                             f"a move is asked under the broker's own id, not {sender!r}"
                         )
                     reply = await self.request_move(parse_move(data))
+                elif op == "neighbours":
+                    reply = self.neighbours_answer()
                 else:
                     reply = await self.handle(parse_step(op, data))
             except TrellisError as exc:
@@ -637,6 +647,111 @@ class ReconfigAgent:
             answer(reply)
 
         self._spawn(serve())
+
+    def kept_vns(self) -> frozenset[str]:
+        """The neighbour VNs this broker keeps links to (what ``links_file`` holds), not
+        counting VNs linked in standby for a round in progress."""
+        h = self.hood
+        kept = {h.linked_vn(p) for p in h.directory}
+        return frozenset(vn for vn in kept if vn is not None) - frozenset(h.standby())
+
+    def neighbours_answer(self) -> Reply:
+        """A sibling replica's question: which neighbour VNs this broker keeps. Not during
+        a round (from its lock on), whose outcome is not known yet."""
+        lease = self.member.lease
+        if lease is not None or self.member.pending is not None:
+            where = f"round {lease.round}" if lease is not None else "a round"
+            return Reply(False, f"{self.hood.broker_id}: busy with {where}")
+        return Reply(True, neighbours=tuple(sorted(self.kept_vns())))
+
+    async def adopt_siblings_links(self, timeout: float, patience: float) -> frozenset[str] | None:
+        """At start, take the neighbour VNs f + 1 siblings (the other replicas of this VN)
+        agree on when they differ from the saved ones: a replica that was down while a
+        round went on without it would otherwise come back on the tree before that round,
+        its VN's replicas disagreeing on their neighbours for good. A sibling that does not
+        answer within ``timeout`` does not count; one busy with a round is asked again
+        until ``patience`` runs out (a round holds its lock one lease at most). Without
+        f + 1 matching answers the saved links stay (with a warning when too few siblings
+        answered). Returns the adopted set, or None. Call it before the links are dialled."""
+        h = self.hood
+        siblings = [n for n in h.directory.values() if n.vn_id == h.vn and n.id != h.broker_id]
+        size = max([n.vn_size for n in siblings], default=1)
+        if not siblings or size < 2:
+            return None
+        mine = self.kept_vns()
+        quorum = vouch_quorum(size)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + patience
+        reported: dict[str, frozenset[str]] = {}
+        while True:
+            asking = [n for n in siblings if n.id not in reported]
+            replies = await asyncio.gather(*(self._ask_neighbours(n, timeout) for n in asking))
+            busy = False
+            for sibling, reply in zip(asking, replies, strict=True):
+                if reply is not None and reply.neighbours is not None:
+                    reported[sibling.id] = frozenset(reply.neighbours)
+                busy = busy or (reply is not None and not reply.ok)
+            agreed = sibling_agreement(mine, list(reported.values()), quorum)
+            if agreed is not None or not busy or loop.time() + _ASK_AGAIN > deadline:
+                break
+            await asyncio.sleep(_ASK_AGAIN)
+        log.info("%s: siblings' neighbour VNs %s; saved %s", h.broker_id, reported, sorted(mine))
+        if agreed is None:
+            if len(reported) < quorum:
+                log.warning(
+                    "%s: %d of %d sibling replicas told their neighbours (%d needed to "
+                    "check the saved ones); keeping %s",
+                    h.broker_id,
+                    len(reported),
+                    len(siblings),
+                    quorum,
+                    sorted(mine) or "none",
+                )
+            return None
+        unknown = sorted(
+            vn
+            for vn in agreed
+            if vn == h.vn or not any(n.vn_id == vn for n in h.directory.values())
+        )
+        if unknown:
+            log.warning(
+                "%s: siblings agree on neighbour VNs %s, but %s are not in this broker's "
+                "directory; keeping %s",
+                h.broker_id,
+                sorted(agreed),
+                unknown,
+                sorted(mine),
+            )
+            return None
+        log.warning(
+            "%s: saved neighbour VNs %s differ from those %d siblings agree on, %s: "
+            "a round went on while this replica was down; taking theirs",
+            h.broker_id,
+            sorted(mine),
+            quorum,
+            sorted(agreed),
+        )
+        added = set(agreed - mine)
+        h.accept_standby(added)
+        h.end_standby(added)
+        for vn in mine - agreed:
+            h.retire(vn)
+        await self.persist_links()
+        return agreed
+
+    async def _ask_neighbours(self, sibling: NeighbourConfig, timeout: float) -> Reply | None:
+        """A sibling's answer to ``neighbours`` (a refusal while it is busy with a round),
+        or None if it does not answer within ``timeout``."""
+        h = self.hood
+        channel = ControlChannel(h.broker_id, sibling.id, sibling.endpoint, h.link_tls())
+        try:
+            await channel.open(timeout)
+            return await channel.request("neighbours", {}, timeout)
+        except (OSError, TrellisError, TimeoutError, asyncio.IncompleteReadError) as exc:
+            log.info("sibling %s did not answer: %s", sibling.id, exc or type(exc).__name__)
+            return None
+        finally:
+            await channel.close()
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)

@@ -99,6 +99,12 @@ class Server:
                 self.broker.vn,
                 self.config.vn_size,
             )
+        if self.config.reconfig.enabled:
+            # Before dialling: a round may have moved this VN's links while it was down.
+            reconfig = self.config.reconfig
+            await self.broker.reconfig.adopt_siblings_links(
+                reconfig.step_timeout, reconfig.lock_lease
+            )
         self._write_ready_file()
         self.started.set()
         async with asyncio.TaskGroup() as tg:

@@ -677,6 +677,7 @@ RECONF_OPS = frozenset(
         "reply",
         "move",  # an operator's request that a master run one given move (trellis rebuild)
         "membership",  # an operator's request to adopt a manifest version (replica attach/detach)
+        "neighbours",  # a restarted replica asks a sibling for the neighbour VNs it keeps
     }
 )
 

@@ -660,8 +660,8 @@ SCENARIOS: dict[str, Callable[[bool], Plan]] = {
     ),
     # Live rounds moving d between b and c, one after another, during each fault.
     "reconf-kill": lambda full: Plan(
-        # The full version kills 0.3 s into a round (see bench/RESULTS.md: a replica killed
-        # in a round that completes without it comes back on its old links); CI's kills
+        # The full version kills 0.3 s into a round (a replica killed in a round that
+        # completes without it takes its siblings' links when it restarts); CI's kills
         # between two rounds, which the rounds then refuse until the replicas are back.
         with_moves(
             kill_replicas(down=10.0, at=3.0, mid_round=0.3)

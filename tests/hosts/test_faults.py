@@ -45,10 +45,11 @@ def test_killing_f_replicas_per_vn_during_live_rounds_loses_nothing() -> None:
     replica may raise (the SDK's known behaviour): the publisher is told, and that
     publication may be delivered all the same (unconfirmed, not altered).
 
-    Not asserted: that the restarted replicas rejoin the tree as the rounds left it. A
-    replica killed around a round that goes on without it can come back on its old links
-    (its VN's replicas then disagree for good; delivery stays exact): a known bug, see
-    bench/RESULTS.md, section "Reliability"."""
+    Not asserted: that every VN's replicas agree on the tree at the end. A restarted
+    replica takes the neighbour VNs its f + 1 siblings agree on when it starts, but one
+    that just restarted can fail a round's install (its links not all up yet) and go back
+    while its siblings switch (its VN's replicas then disagree for good; delivery stays
+    exact): a known bug, see bench/RESULTS.md, section "Reliability"."""
     tally = run_scenario("reconf-kill")
     for one in (tally, *tally.others.values()):
         _exact(one, refused=1)
