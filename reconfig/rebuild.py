@@ -956,8 +956,13 @@ def moves_between(
             step = Move(master=d, vn=y, via=keep)
             current = current.swap(step.remove, step.add)
             moves.append(step)
-    # What distrusted VNs carry once demoted is the bar: the rest should not add to it.
-    baseline = _carried(current, pair_list, avoid_set) if careful else set()
+    # What distrusted VNs carry once demoted, or in the tree the search chose, is the bar:
+    # the trees on the way should not add to it.
+    baseline = (
+        _carried(current, pair_list, avoid_set) | _carried(after, pair_list, avoid_set)
+        if careful
+        else set()
+    )
     while current.links != after.links:
         pending = current.links - after.links
         options: list[tuple[Link, Link]] = []
@@ -989,15 +994,17 @@ def moves_between(
 def raised_transit(
     before: Tree, moves: Iterable[Move], classes: DemandClasses, avoid: Iterable[str]
 ) -> list[tuple[int, str]]:
-    """(move number, VN) whenever a move makes a VN of ``avoid`` carry a partner pair it did
-    not carry before the first move (the safety a plan is checked against)."""
+    """(move number, VN) whenever a move makes a VN of ``avoid`` carry a partner pair it
+    carries neither before the first move nor after the last (the safety a plan's order is
+    checked against: what the final tree makes a distrusted VN carry is the search's choice,
+    weighed by social trust; the trees on the way must not expose more than the two ends)."""
     avoid_set = frozenset(avoid)
     pairs = _partner_pairs(classes)
-    baseline = _carried(before, pairs, avoid_set)
+    trees = apply_moves(before, moves)
+    final = trees[-1] if trees else before
+    baseline = _carried(before, pairs, avoid_set) | _carried(final, pairs, avoid_set)
     out: list[tuple[int, str]] = []
-    tree = before
-    for i, step in enumerate(moves, 1):
-        tree = tree.swap(step.remove, step.add)
+    for i, tree in enumerate(trees, 1):
         out.extend(
             (i, vn) for vn in sorted({m for *_p, m in _carried(tree, pairs, avoid_set) - baseline})
         )
