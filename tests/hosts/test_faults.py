@@ -119,9 +119,13 @@ def test_a_vn_restarted_elsewhere_in_the_tree_loses_only_its_own_publications() 
     down = tally.fault_start + tally.notes["vn down at s"] if tally.fault_start else 0.0
     lost_at = [t for s, t in d.published_at.items() if s not in d.arrived_at]
     assert lost_at, "d lost nothing: it was not down while publications flowed"
-    assert down - 1.0 <= min(lost_at) <= max(lost_at) < tally.fault_over
-    late = [s for s, t in d.published_at.items() if t > tally.fault_over]
-    assert late
+    # Links up (fault_over) comes before d's subscription is back along c-b-a: delivery
+    # resumes with the first publication after the outage that reached d, within a bound.
+    resumed = min(t for s, t in d.published_at.items() if t > down and s in d.arrived_at)
+    assert resumed < tally.fault_over + 3.0
+    assert down - 1.0 <= min(lost_at) <= max(lost_at) < resumed
+    late = [s for s, t in d.published_at.items() if t >= resumed]
+    assert len(late) >= 5
     assert all(s in d.arrived_at for s in late)
 
 
