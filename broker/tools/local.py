@@ -63,15 +63,35 @@ def _ephemeral_floor() -> int:
         return 32768
 
 
+def port_range() -> tuple[int, int]:
+    """Where :func:`free_ports` draws from: ``TRELLIS_PORT_RANGE`` or the 12,000 ports just
+    below the ephemeral range.
+
+    Raises:
+        OverlayError: ``TRELLIS_PORT_RANGE`` is not ``LOW-HIGH`` with 1024 ≤ LOW < HIGH ≤ 65536.
+    """
+    wanted = os.environ.get("TRELLIS_PORT_RANGE", "").strip()
+    if not wanted:
+        floor = _ephemeral_floor()
+        return max(1024, floor - 12000), floor
+    match = re.fullmatch(r"(\d+)-(\d+)", wanted)
+    if not match or not 1024 <= int(match[1]) < int(match[2]) <= 65536:
+        raise OverlayError(
+            f"TRELLIS_PORT_RANGE={wanted!r}: expected LOW-HIGH with 1024 <= LOW < HIGH <= 65536"
+        )
+    return int(match[1]), int(match[2])
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """``count`` distinct ports that were free a moment ago.
 
     They are drawn below the kernel's ephemeral range: a port reserved there could be taken
     as the source port of some outgoing connection (a broker dialling its neighbours)
-    before its own broker binds it.
+    before its own broker binds it. ``TRELLIS_PORT_RANGE=LOW-HIGH`` (HIGH excluded) narrows
+    the draw, so that several launchers on one machine (parallel test workers, two operators'
+    overlays) never reserve the same port between its release and their broker's bind.
     """
-    floor = _ephemeral_floor()
-    low = max(1024, floor - 12000)
+    low, floor = port_range()
     rng = random.Random()
     sockets: list[socket.socket] = []
     try:
@@ -93,6 +113,20 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def own_link_tls(info: Mapping[str, Any], broker_id: str) -> dict[str, Any]:
+    """``open_connection`` arguments for a control connection under a broker's own id: on
+    a TLS overlay the broker admits that id only with its own certificate, which a local
+    overlay keeps beside the client's in its CA directory."""
+    tls = info.get("tls")
+    if not tls:
+        return {}
+    from security.tls import link_context
+
+    ca = Path(tls["ca"])
+    cert, key = ca.parent / f"{broker_id}.crt", ca.parent / f"{broker_id}.key"
+    return {"ssl": link_context(ca, cert, key)}
 
 
 def fetch_json(url: str, timeout: float = 2.0) -> Any:

@@ -39,6 +39,7 @@ from broker.tools.local import (
     fetch_json,
     free_ports,
     is_broker_process,
+    own_link_tls,
     read_overlay,
 )
 from overlay.manifest import Manifest
@@ -86,11 +87,6 @@ class LocalReplicas:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir.resolve()
         self.info = read_overlay(self.workdir)
-        if self.info.get("tls"):
-            raise OverlayError(
-                "live attach/detach in a TLS overlay is not built (the control connection "
-                "would need each broker's certificate)"
-            )
         self.manifest_path = self.workdir / "manifest.json"
         # Brokers this object started (their processes are reaped when they stop).
         self.started: dict[str, BrokerProcess] = {}
@@ -118,7 +114,8 @@ class LocalReplicas:
         step = MembershipStep(manifest.version, endpoints)
 
         async def one(broker: dict[str, Any]) -> None:
-            channel = ControlChannel(broker["id"], broker["id"], broker["endpoint"])
+            me = broker["id"]
+            channel = ControlChannel(me, me, broker["endpoint"], own_link_tls(self.info, me))
             try:
                 await channel.open(CONTROL_TIMEOUT)
                 reply = await channel.call(cast(Any, step), CONTROL_TIMEOUT)
@@ -158,6 +155,7 @@ class LocalReplicas:
             key_path.write_text(private_key_to_bytes(key).hex() + "\n", encoding="utf-8")
             key_path.chmod(0o600)
             joining[broker_id] = public_key_to_bytes(key.public_key())
+        self._certify(broker_id)
         prepared = manifest.prepared(vn, index + 1, joining)
         self._publish(prepared, {})
         proc = start_broker(
@@ -236,6 +234,20 @@ class LocalReplicas:
                 "or move their clients first"
             )
 
+    def _certify(self, broker_id: str) -> None:
+        """On a TLS overlay, a certificate from the overlay's CA for the joining replica's
+        own key (its manifest identity), beside its siblings' (a rejoining slot gets a
+        fresh one)."""
+        tls = self.info.get("tls")
+        if not tls:
+            return
+        from security.ca import issue, load_ca, load_private_key, write_issued
+
+        directory = Path(tls["ca"]).parent
+        ca = load_ca(directory)
+        key = load_private_key(self.workdir / f"{broker_id}.key")
+        write_issued(issue(ca, broker_id, "broker", key=key), ca, directory, broker_id)
+
     def _config_for(
         self, broker_id: str, vn: str, index: int, extra: dict[str, Any]
     ) -> dict[str, Any]:
@@ -271,6 +283,7 @@ class LocalReplicas:
             **extra,
             "key_file": str(self.workdir / f"{broker_id}.key"),
             "links_file": str(self.workdir / f"{broker_id}.links.json"),
+            **self._tls_settings(broker_id, base),
             "vn": vn,
             "replica": index,
             "vn_size": index + 1,
@@ -281,6 +294,16 @@ class LocalReplicas:
             settings["collude_log"] = str(self.workdir / f"{broker_id}.collude.jsonl")
         (self.workdir / f"{broker_id}.links.json").unlink(missing_ok=True)
         return settings
+
+    def _tls_settings(self, broker_id: str, base: dict[str, Any]) -> dict[str, str]:
+        """The sibling's ``tls_*`` settings with the joining replica's own certificate."""
+        if "tls_cert" not in base:
+            return {}
+        directory = Path(str(base["tls_cert"])).parent
+        return {
+            "tls_cert": str(directory / f"{broker_id}.crt"),
+            "tls_key": str(directory / f"{broker_id}.key"),
+        }
 
     def _wait_links(self, broker_id: str, vn: str, manifest: Manifest) -> None:
         """Wait until the new replica linked to every replica of its neighbouring VNs."""

@@ -20,11 +20,10 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from broker.daemon.reconfig_agent import ControlChannel
-from broker.tools.local import fetch_json, vn_links
+from broker.tools.local import fetch_json, own_link_tls, vn_links
 from overlay.tree import TopologyError, Tree
 from reconfig.live import RequestedMove
 from reconfig.rebuild import Move, apply_moves
@@ -158,20 +157,6 @@ async def ask_move(
             continue
         return False, reply.error, broker_id
     return False, "; ".join(errors) or f"no broker of VN {move.master} is known", ""
-
-
-def own_link_tls(info: Mapping[str, Any], broker_id: str) -> dict[str, Any]:
-    """``open_connection`` arguments for a control connection under a broker's own id: on
-    a TLS overlay the broker admits that id only with its own certificate, which a local
-    overlay keeps beside the client's in its CA directory."""
-    tls = info.get("tls")
-    if not tls:
-        return {}
-    from security.tls import link_context
-
-    ca = Path(tls["ca"])
-    cert, key = ca.parent / f"{broker_id}.crt", ca.parent / f"{broker_id}.key"
-    return {"ssl": link_context(ca, cert, key)}
 
 
 def _transient(error: str) -> bool:

@@ -27,16 +27,17 @@ MAX_PUBLICATIONS = 3000
 @pytest.fixture
 def line_of_vns(
     run_overlay: Callable[..., LocalOverlay],
-) -> Iterator[Callable[[list[int]], LocalOverlay]]:
-    """A line b0 - b1 - ... of VNs; every broker listed in overlay.json (attached ones
-    too) is stopped afterwards."""
+) -> Iterator[Callable[..., LocalOverlay]]:
+    """A line b0 - b1 - ... of VNs (over mutual TLS with ``tls``); every broker listed in
+    overlay.json (attached ones too) is stopped afterwards."""
     started: list[Path] = []
 
-    def _run(replicas: list[int]) -> LocalOverlay:
+    def _run(replicas: list[int], tls: bool = False) -> LocalOverlay:
         names = [f"b{i}" for i in range(len(replicas))]
         overlay = run_overlay(
             line_tree(names),
             replicas=dict(zip(names, replicas, strict=True)),
+            tls=tls,
             heartbeat_interval=1.0,
         )
         started.append(overlay.workdir)
@@ -61,13 +62,18 @@ def splits_toward(workdir: Path, forwarders: list[str], vn: str) -> dict[int, in
     return counts
 
 
-async def test_replicas_attach_and_detach_live_with_exact_delivery(line_of_vns) -> None:
-    overlay = line_of_vns([3, 3, 1])
-    workdir = overlay.workdir
-    forwarders = overlay.replicas_of("b0")
-    pub = Client(overlay.endpoints("b0"), client_id="pub")
-    sub = Client(overlay.endpoints("b2"), client_id="sub", manifest=overlay.manifest_path)
-    published: dict[str, list[tuple[int, bytes]]] = {"secret": [], "plain": []}
+Stream = dict[str, list[tuple[int, bytes]]]
+
+
+async def exchange(overlay: LocalOverlay, steps: Callable[[], None]) -> tuple[Stream, Stream]:
+    """Plain and confidential publications from b0 to a subscriber at the last VN while
+    ``steps`` runs in a thread; what was published and what arrived, by kind."""
+    tls = overlay.client_tls()
+    last = f"b{len(overlay.tree.brokers) - 1}"
+    pub = Client(overlay.endpoints("b0"), client_id="pub", **tls)
+    sub = Client(overlay.endpoints(last), client_id="sub", manifest=overlay.manifest_path, **tls)
+    published: Stream = {"secret": [], "plain": []}
+    got: Stream = {"secret": [], "plain": []}
     stop = asyncio.Event()
 
     async def publish() -> None:
@@ -90,7 +96,33 @@ async def test_replicas_attach_and_detach_live_with_exact_delivery(line_of_vns) 
                 continue
             into.append((msg.seq, msg.payload))
 
-    got: dict[str, list[tuple[int, bytes]]] = {"secret": [], "plain": []}
+    async with (
+        pub,
+        sub,
+        sub.subscribe("class = 'secret'") as secret,
+        sub.subscribe("class = 'plain'") as plain,
+    ):
+        await pub.advertise("class = 'secret'")
+        await pub.advertise("class = 'plain'")
+        await asyncio.to_thread(overlay.wait_quiet)
+        collectors = [
+            asyncio.create_task(collect(secret, got["secret"])),
+            asyncio.create_task(collect(plain, got["plain"])),
+        ]
+        publisher = asyncio.create_task(publish())
+        try:
+            await asyncio.to_thread(steps)
+        finally:
+            stop.set()
+            await publisher
+            await asyncio.gather(*collectors)
+    return published, got
+
+
+async def test_replicas_attach_and_detach_live_with_exact_delivery(line_of_vns) -> None:
+    overlay = line_of_vns([3, 3, 1])
+    workdir = overlay.workdir
+    forwarders = overlay.replicas_of("b0")
     # (r in force, splits toward b1 by r when that phase began, when it ended)
     phases: list[tuple[int, dict[int, int], dict[int, int]]] = []
     took: list[float] = []
@@ -114,29 +146,12 @@ async def test_replicas_attach_and_detach_live_with_exact_delivery(line_of_vns) 
         time.sleep(0.8)
         phases.append((r, began, splits_toward(workdir, forwarders, "b1")))
 
-    async with (
-        pub,
-        sub,
-        sub.subscribe("class = 'secret'") as secret,
-        sub.subscribe("class = 'plain'") as plain,
-    ):
-        await pub.advertise("class = 'secret'")
-        await pub.advertise("class = 'plain'")
-        await asyncio.to_thread(overlay.wait_quiet)
-        collectors = [
-            asyncio.create_task(collect(secret, got["secret"])),
-            asyncio.create_task(collect(plain, got["plain"])),
-        ]
-        publisher = asyncio.create_task(publish())
-        try:
-            await asyncio.to_thread(run_steps)
-        finally:
-            stop.set()
-            await publisher
-            await asyncio.gather(*collectors)
-            stop_overlay(workdir)
-            for proc in replicas.started.values():
-                proc.stop()
+    try:
+        published, got = await exchange(overlay, run_steps)
+    finally:
+        stop_overlay(workdir)
+        for proc in replicas.started.values():
+            proc.stop()
 
     assert len(published["secret"]) > 100
     assert got["secret"] == published["secret"]
@@ -152,3 +167,29 @@ async def test_replicas_attach_and_detach_live_with_exact_delivery(line_of_vns) 
                 assert grew > 0, f"no split with r = {r} while b1 had {r} replicas"
             else:
                 assert grew == 0, f"{grew} splits with stale r = {scheme} while b1 had {r}"
+
+
+async def test_a_tls_overlay_attaches_and_detaches_a_replica_live(line_of_vns) -> None:
+    """Over mutual TLS the joining replica gets a certificate from the overlay's CA for its
+    own key, and membership steps go over control connections under each broker's own
+    certificate."""
+    overlay = line_of_vns([1, 3, 1], tls=True)
+    replicas = LocalReplicas(overlay.workdir)
+    changes = []
+
+    def steps() -> None:
+        for action in (lambda: replicas.attach("b1"), lambda: replicas.detach("b1")):
+            time.sleep(0.8)
+            changes.append(action())
+        time.sleep(0.8)
+
+    try:
+        published, got = await exchange(overlay, steps)
+    finally:
+        stop_overlay(overlay.workdir)
+        for proc in replicas.started.values():
+            proc.stop()
+    assert [(c.action, c.broker) for c in changes] == [("attach", "b1.3"), ("detach", "b1.3")]
+    assert (overlay.workdir / "tls" / "b1.3.crt").exists()
+    assert len(published["secret"]) > 50
+    assert got == published
