@@ -15,6 +15,7 @@ import statistics
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from broker.language.grammar import parse_filter
@@ -113,6 +114,9 @@ class StormResult:
     acked: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0  # from the first request written to the last answer read
+    # Answers whose request id was not above the one before: the broker answers one
+    # connection's requests in the order they were sent.
+    out_of_order: int = 0
 
     @property
     def answered(self) -> int:
@@ -127,10 +131,12 @@ def storm(
     kind: str = "sub",
     timeout: float = 120.0,
     keep: bool = False,
+    on_burst: Callable[[], None] | None = None,
 ) -> tuple[StormResult, socket.socket | None]:
     """Send ``count`` distinct SUBSCRIBEs (``kind = "sub"``) or ADVERTISEs (``"adv"``) in
     one burst on one connection and read every answer; the socket stays open when
-    ``keep`` (its state lives as long as the connection)."""
+    ``keep`` (its state lives as long as the connection). ``on_burst`` is called just
+    before the burst is written (after the connection's HELLO)."""
     make = Subscribe if kind == "sub" else Advertise
     frames = b"".join(  # before HELLO: encoding takes a while, and silence is closed
         encode(make(i + 1, f"{kind}{i}", parse_filter(f"class = 'storm' and n = {i}")))
@@ -139,6 +145,9 @@ def storm(
     sock = hello(host, port, client_id)
     result = StormResult(sent=count)
     decoder = FrameDecoder(2**26)
+    last_rid = 0
+    if on_burst is not None:
+        on_burst()
     start = time.monotonic()
     writer = threading.Thread(target=sock.sendall, args=(frames,), daemon=True)
     writer.start()
@@ -152,6 +161,9 @@ def storm(
         if not data:
             break
         for msg in decoder.feed(data):
+            if isinstance(msg, Ack | Error):
+                result.out_of_order += msg.rid <= last_rid
+                last_rid = msg.rid
             if isinstance(msg, Ack):
                 result.acked += 1
             elif isinstance(msg, Error):
@@ -244,6 +256,23 @@ def round_trips(witness: Witness, count: int, seconds: float | None = None) -> l
             witness.check()
         times.append(time.perf_counter() - start)
     return times
+
+
+def round_trips_until(witness: Witness, stop: threading.Event) -> list[float]:
+    """Round trips of ``witness``, one after another, until ``stop`` is set (each in
+    seconds; a stall past the witness socket's 10 s counts as 10 s)."""
+    times: list[float] = []
+    while not stop.is_set():
+        times += round_trips(witness, 1)
+    return times
+
+
+def quantile(times: list[float], q: float) -> float:
+    """The ``q`` quantile of ``times`` (nearest rank), or NaN when there are none."""
+    if not times:
+        return float("nan")
+    ordered = sorted(times)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
 def median_ms(times: list[float]) -> float:
