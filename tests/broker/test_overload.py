@@ -71,6 +71,36 @@ async def test_a_publisher_held_back_by_a_congested_link_is_not_closed_as_silent
         stalled.close()
 
 
+@pytest.mark.slow
+async def test_a_congested_link_holds_a_flooding_publisher_between_read_slices(
+    run_broker: Callable[..., BrokerProcess],
+) -> None:
+    """Time-sliced reading resumes a connection's backlog only when nothing else holds it:
+    once the link is congested, the flooder's frames already read wait too."""
+    broker = run_broker(
+        "zz-held",
+        admin_port=0,
+        neighbours=[{"id": "n-stalled", "endpoint": "127.0.0.1:9", "vn": "n-stalled"}],
+        send_buffer_limit=64 * 1024,
+        routing_wave_timeout=0.5,
+    )
+    stalled = Stalled(broker.host, broker.port, "n-stalled", "class = 'flood'", Role.BROKER)
+    flooder = Flooder(broker.host, broker.port, "flooder", "class = 'flood'", size=256)
+    try:
+        flooder.start()
+        loop = asyncio.get_running_loop()
+        counts = []
+        for _ in range(4):  # the link fills within the first second; then nothing moves
+            await asyncio.sleep(1.0)
+            doc = await loop.run_in_executor(None, fetch_json, broker.admin_url + "/healthz")
+            counts.append(doc["publications_in"])
+        assert counts[1] > 0, counts
+        assert counts[1] == counts[2] == counts[3], counts
+    finally:
+        flooder.finish()
+        stalled.close()
+
+
 def traffic(broker: BrokerProcess) -> dict[str, object]:
     """The broker's traffic counters (``/api/topology``)."""
     doc = fetch_json(broker.admin_url + "/api/topology")
