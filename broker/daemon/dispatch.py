@@ -8,9 +8,9 @@ Reading is time-sliced: one connection's frames are handled for at most ``read_s
 seconds at a time. A read that holds more (a storm of thousands of requests in one burst)
 keeps the rest, in order, pauses that transport and goes on at the loop's next turn, after
 every other connection with something to read had its turn; so one client's storm delays
-the others by a slice, not by its whole burst. A connection's reading is held for reasons
-(its own backlog, a congested broker link, a reconfiguration freeze): the transport reads
-again, and the backlog goes on, only once no reason is left.
+the others by a slice, not by its whole burst. Reading is also held for reasons (a
+congested broker link, a reconfiguration freeze), each on its own: the backlog goes on only
+once no reason is left, and the transport reads again only once the backlog is done too.
 A :class:`Connection` dispatches each frame by the role its handshake gave it (client,
 broker link, control connection); the :class:`Broker` holds what they share and hands
 each job to the module that holds it: routing decisions to :mod:`broker.routing.router`,
@@ -129,8 +129,8 @@ class Connection(asyncio.Protocol):
         self.dropped: dict[str, int] = {}
         self.closing = False
         # Reading: frames read but not yet handled (a suspended decoder pass), bytes that
-        # arrived behind them, and why the transport is not read ("backlog", "congestion",
-        # "freeze"; see hold()).
+        # arrived behind them, and what holds reading ("congestion", "freeze"; see hold()).
+        # A backlog pauses the transport too, but is worked through slice by slice.
         self.backlog: Iterator[Message] | None = None
         self.unread: list[bytes] = []
         self.holds: set[str] = set()
@@ -169,6 +169,9 @@ class Connection(asyncio.Protocol):
             self.unread.append(data)
             return
         self.backlog = self.decoder.feed(data)
+        if self.holds:  # read before the hold took effect: not one frame until released
+            self.sync_reading()
+            return
         self.work()
 
     def work(self) -> None:
