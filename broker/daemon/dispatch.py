@@ -8,7 +8,10 @@ Reading is time-sliced: one connection's frames are handled for at most ``read_s
 seconds at a time. A read that holds more (a storm of thousands of requests in one burst)
 keeps the rest, in order, pauses that transport and goes on at the loop's next turn, after
 every other connection with something to read had its turn; so one client's storm delays
-the others by a slice, not by its whole burst. Reading is also held for reasons (a
+the others by a slice, not by its whole burst. When several connections have a backlog,
+they share one ``read_slice`` per turn of the loop (each handles at least one frame), so
+a hundred storming clients delay the others by about one slice, not a hundred. Reading
+is also held for reasons (a
 congested broker link, a reconfiguration freeze), each on its own: the backlog goes on only
 once no reason is left, and the transport reads again only once the backlog is done too.
 A :class:`Connection` dispatches each frame by the role its handshake gave it (client,
@@ -180,7 +183,9 @@ class Connection(asyncio.Protocol):
 
         The decoder's pass over one read is suspended between slices, so nothing is
         buffered twice; bytes read meanwhile wait in ``unread`` for the next pass."""
-        deadline = time.perf_counter() + self.broker.config.read_slice
+        # One turn of the loop gives read_slice in all to the connections with a backlog.
+        share = self.broker.config.read_slice / (1 + len(self.broker.waiting))
+        deadline = time.perf_counter() + share
         try:
             while self.backlog is not None:
                 for msg in self.backlog:
@@ -209,6 +214,7 @@ class Connection(asyncio.Protocol):
     def next_slice(self) -> None:
         """The loop's turn came back to this connection's backlog."""
         self.slice_scheduled = False
+        self.broker.waiting.discard(self)
         if self.closing or self.holds or self.backlog is None:
             return  # closed, or held: release() schedules the rest
         self.last_seen = time.monotonic()  # unread because of us, not silent
@@ -250,6 +256,7 @@ class Connection(asyncio.Protocol):
             return
         if self.backlog is not None and not self.holds and not self.slice_scheduled:
             self.slice_scheduled = True
+            self.broker.waiting.add(self)
             asyncio.get_running_loop().call_soon(self.next_slice)
 
     def eof_received(self) -> bool:
@@ -618,6 +625,8 @@ class Broker:
         self.linkstates = LinkStates(config.id, self.vn)
         self.congested_links: set[Connection] = set()
         self.dirty: list[Connection] = []
+        # Connections whose backlog waits for its next slice (they share read_slice).
+        self.waiting: set[Connection] = set()
         self.stats = BrokerStats()
         self.forwarder = build_forwarding(config, self.vn, self.router, self.stats, self.neighbours)
         self.shares = self.forwarder.shares
