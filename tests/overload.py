@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 import statistics
 import threading
 import time
@@ -39,9 +40,17 @@ from tests.fuzz_wire import Witness
 from tests.hosts.scenarios import rss_kib
 
 
-def hello(host: str, port: int, client_id: str, role: Role = Role.CLIENT) -> socket.socket:
-    """A connection past HELLO/WELCOME."""
+def hello(
+    host: str,
+    port: int,
+    client_id: str,
+    role: Role = Role.CLIENT,
+    tls: ssl.SSLContext | None = None,
+) -> socket.socket:
+    """A connection past HELLO/WELCOME (over TLS with ``tls``)."""
     sock = socket.create_connection((host, port), timeout=10.0)
+    if tls is not None:
+        sock = tls.wrap_socket(sock, server_hostname=host)
     sock.sendall(encode(Hello(PROTOCOL_VERSION, role, client_id, {})))
     decoder = FrameDecoder(2**26)
     while True:
@@ -132,17 +141,20 @@ def storm(
     timeout: float = 120.0,
     keep: bool = False,
     on_burst: Callable[[], None] | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> tuple[StormResult, socket.socket | None]:
     """Send ``count`` distinct SUBSCRIBEs (``kind = "sub"``) or ADVERTISEs (``"adv"``) in
     one burst on one connection and read every answer; the socket stays open when
     ``keep`` (its state lives as long as the connection). ``on_burst`` is called just
-    before the burst is written (after the connection's HELLO)."""
+    before the burst is written (after the connection's HELLO). Over TLS (``tls``) the
+    burst is written whole before the answers are read (an SSL socket cannot be written and
+    read from two threads): keep it within what the socket buffers hold."""
     make = Subscribe if kind == "sub" else Advertise
     frames = b"".join(  # before HELLO: encoding takes a while, and silence is closed
         encode(make(i + 1, f"{kind}{i}", parse_filter(f"class = 'storm' and n = {i}")))
         for i in range(count)
     )
-    sock = hello(host, port, client_id)
+    sock = hello(host, port, client_id, tls=tls)
     result = StormResult(sent=count)
     decoder = FrameDecoder(2**26)
     last_rid = 0
@@ -150,7 +162,10 @@ def storm(
         on_burst()
     start = time.monotonic()
     writer = threading.Thread(target=sock.sendall, args=(frames,), daemon=True)
-    writer.start()
+    if tls is None:
+        writer.start()
+    else:
+        sock.sendall(frames)
     deadline = start + timeout
     sock.settimeout(1.0)
     while result.answered < count and time.monotonic() < deadline:
@@ -173,7 +188,8 @@ def storm(
                 # a PONG from this thread then would interleave with the burst's bytes)
                 sock.sendall(encode(Pong(msg.token)))
     result.seconds = time.monotonic() - start
-    writer.join(timeout)
+    if writer.is_alive():
+        writer.join(timeout)
     if keep:
         return result, sock
     sock.close()
