@@ -16,7 +16,7 @@ import statistics
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from broker.language.grammar import parse_filter
@@ -283,7 +283,7 @@ def round_trips_until(witness: Witness, stop: threading.Event) -> list[float]:
     return times
 
 
-def quantile(times: list[float], q: float) -> float:
+def quantile(times: Sequence[float], q: float) -> float:
     """The ``q`` quantile of ``times`` (nearest rank), or NaN when there are none."""
     if not times:
         return float("nan")
