@@ -21,8 +21,10 @@ Cases (the load always enters at broker ``a``):
 
 Per case it prints the load held, both brokers' RSS before / peak during / after, the
 witness's publish-to-delivery round trip (median) alone and under the load (and the
-ratio), and what was dropped or refused. The load runs in a child process (this script,
-``--load CASE``) so that the witness, in this one, is not slowed by the load generator.
+ratio; under the load also its p99 and its longest: a stall is one long round trip, which
+a median or a percentile of round trips hides), and what was dropped or refused. The load
+runs in a child process (this script, ``--load CASE``) so that the witness, in this one,
+is not slowed by the load generator.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from tests.overload import (
     StormResult,
     hello,
     median_ms,
+    quantile,
     round_trips,
     storm,
 )
@@ -291,6 +294,7 @@ def measure(case: str, workdir: Path) -> dict[str, Any]:
                 "witness ms alone": round(median_ms(alone), 3),
                 "witness ms under load": round(median_ms(under), 3),
                 "witness n under load": len(under),
+                "witness p99 ms under load": round(quantile(under, 0.99) * 1e3, 1),
                 "witness max ms under load": round(max(under, default=0) * 1e3, 1),
                 "witness ms after": round(median_ms(after), 3),
                 "ratio": round(median_ms(under) / median_ms(alone), 1),
@@ -348,8 +352,11 @@ def main() -> int:
         if args.runs > 1:
             ratios = [r["ratio"] for r in runs]
             under = [r["witness ms under load"] for r in runs]
+            p99 = [r["witness p99 ms under load"] for r in runs]
+            worst = [r["witness max ms under load"] for r in runs]
             print(
                 f"{case} median of {args.runs}: witness under load {statistics.median(under)} ms, "
+                f"p99 {statistics.median(p99)} ms, max {statistics.median(worst)} ms, "
                 f"ratio {statistics.median(ratios)}",
                 flush=True,
             )

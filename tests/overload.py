@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 import statistics
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from broker.language.grammar import parse_filter
@@ -38,9 +40,17 @@ from tests.fuzz_wire import Witness
 from tests.hosts.scenarios import rss_kib
 
 
-def hello(host: str, port: int, client_id: str, role: Role = Role.CLIENT) -> socket.socket:
-    """A connection past HELLO/WELCOME."""
+def hello(
+    host: str,
+    port: int,
+    client_id: str,
+    role: Role = Role.CLIENT,
+    tls: ssl.SSLContext | None = None,
+) -> socket.socket:
+    """A connection past HELLO/WELCOME (over TLS with ``tls``)."""
     sock = socket.create_connection((host, port), timeout=10.0)
+    if tls is not None:
+        sock = tls.wrap_socket(sock, server_hostname=host)
     sock.sendall(encode(Hello(PROTOCOL_VERSION, role, client_id, {})))
     decoder = FrameDecoder(2**26)
     while True:
@@ -113,6 +123,9 @@ class StormResult:
     acked: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0  # from the first request written to the last answer read
+    # Answers whose request id was not above the one before: the broker answers one
+    # connection's requests in the order they were sent.
+    out_of_order: int = 0
 
     @property
     def answered(self) -> int:
@@ -127,21 +140,32 @@ def storm(
     kind: str = "sub",
     timeout: float = 120.0,
     keep: bool = False,
+    on_burst: Callable[[], None] | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> tuple[StormResult, socket.socket | None]:
     """Send ``count`` distinct SUBSCRIBEs (``kind = "sub"``) or ADVERTISEs (``"adv"``) in
     one burst on one connection and read every answer; the socket stays open when
-    ``keep`` (its state lives as long as the connection)."""
+    ``keep`` (its state lives as long as the connection). ``on_burst`` is called just
+    before the burst is written (after the connection's HELLO). Over TLS (``tls``) the
+    burst is written whole before the answers are read (an SSL socket cannot be written and
+    read from two threads): keep it within what the socket buffers hold."""
     make = Subscribe if kind == "sub" else Advertise
     frames = b"".join(  # before HELLO: encoding takes a while, and silence is closed
         encode(make(i + 1, f"{kind}{i}", parse_filter(f"class = 'storm' and n = {i}")))
         for i in range(count)
     )
-    sock = hello(host, port, client_id)
+    sock = hello(host, port, client_id, tls=tls)
     result = StormResult(sent=count)
     decoder = FrameDecoder(2**26)
+    last_rid = 0
+    if on_burst is not None:
+        on_burst()
     start = time.monotonic()
     writer = threading.Thread(target=sock.sendall, args=(frames,), daemon=True)
-    writer.start()
+    if tls is None:
+        writer.start()
+    else:
+        sock.sendall(frames)
     deadline = start + timeout
     sock.settimeout(1.0)
     while result.answered < count and time.monotonic() < deadline:
@@ -152,6 +176,9 @@ def storm(
         if not data:
             break
         for msg in decoder.feed(data):
+            if isinstance(msg, Ack | Error):
+                result.out_of_order += msg.rid <= last_rid
+                last_rid = msg.rid
             if isinstance(msg, Ack):
                 result.acked += 1
             elif isinstance(msg, Error):
@@ -161,7 +188,8 @@ def storm(
                 # a PONG from this thread then would interleave with the burst's bytes)
                 sock.sendall(encode(Pong(msg.token)))
     result.seconds = time.monotonic() - start
-    writer.join(timeout)
+    if writer.is_alive():
+        writer.join(timeout)
     if keep:
         return result, sock
     sock.close()
@@ -244,6 +272,23 @@ def round_trips(witness: Witness, count: int, seconds: float | None = None) -> l
             witness.check()
         times.append(time.perf_counter() - start)
     return times
+
+
+def round_trips_until(witness: Witness, stop: threading.Event) -> list[float]:
+    """Round trips of ``witness``, one after another, until ``stop`` is set (each in
+    seconds; a stall past the witness socket's 10 s counts as 10 s)."""
+    times: list[float] = []
+    while not stop.is_set():
+        times += round_trips(witness, 1)
+    return times
+
+
+def quantile(times: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``times`` (nearest rank), or NaN when there are none."""
+    if not times:
+        return float("nan")
+    ordered = sorted(times)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
 def median_ms(times: list[float]) -> float:

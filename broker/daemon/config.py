@@ -161,6 +161,13 @@ class BrokerConfig(BaseModel):
         description="seconds a broker waits for a neighbour to confirm that routing state "
         "is in force before acknowledging an ADVERTISE or SUBSCRIBE without it",
     )
+    read_slice: float = Field(
+        0.005,
+        gt=0,
+        le=1.0,
+        description="seconds of frame handling one connection gets before the broker serves "
+        "the others (a burst is worked through in slices of this length, in order)",
+    )
     hello_timeout: float = Field(5.0, gt=0, description="seconds a new connection has to HELLO")
     heartbeat_interval: float = Field(
         10.0, gt=0, description="seconds between PINGs; a peer silent for 3 intervals is closed"

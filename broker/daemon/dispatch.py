@@ -1,8 +1,19 @@
 """The daemon's core: connections, the frames they carry, and the broker's shared state.
 
-Connections are ``asyncio.Protocol`` objects: every frame is handled synchronously in
-``data_received`` and replies are gathered per connection and flushed once per read, so a
+Connections are ``asyncio.Protocol`` objects: frames are handled synchronously as they are
+read, and replies are gathered per connection and flushed once per slice of reading, so a
 burst of publications costs one ``write`` per receiving connection, not one per message.
+
+Reading is time-sliced: one connection's frames are handled for at most ``read_slice``
+seconds at a time. A read that holds more (a storm of thousands of requests in one burst)
+keeps the rest, in order, pauses that transport and goes on at the loop's next turn, after
+every other connection with something to read had its turn; so one client's storm delays
+the others by a slice, not by its whole burst. When several connections have a backlog,
+they share one ``read_slice`` per turn of the loop (each handles at least one frame), so
+a hundred storming clients delay the others by about one slice, not a hundred. Reading
+is also held for reasons (a
+congested broker link, a reconfiguration freeze), each on its own: the backlog goes on only
+once no reason is left, and the transport reads again only once the backlog is done too.
 A :class:`Connection` dispatches each frame by the role its handshake gave it (client,
 broker link, control connection); the :class:`Broker` holds what they share and hands
 each job to the module that holds it: routing decisions to :mod:`broker.routing.router`,
@@ -19,7 +30,8 @@ Back-pressure policy (documented in the README):
 * Publications between brokers are never dropped. While a link to a neighbour broker is
   over its limit, the broker stops reading from its local clients, so TCP flow control
   pushes back on the publishers at the edge.
-* There is no unbounded queue inside the broker: work is done as frames are read.
+* There is no unbounded queue inside the broker: work is done as frames are read, and a
+  connection with frames read but not yet handled is not read further.
 
 Overlay links: each broker lists its neighbours; the one with the smaller id dials, the
 other accepts only configured neighbours and refuses a link that would close a cycle in
@@ -33,7 +45,7 @@ import logging
 import random
 import ssl
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 from broker.daemon import membership
@@ -119,6 +131,14 @@ class Connection(asyncio.Protocol):
         self.congested = False
         self.dropped: dict[str, int] = {}
         self.closing = False
+        # Reading: frames read but not yet handled (a suspended decoder pass), bytes that
+        # arrived behind them, and what holds reading ("congestion", "freeze"; see hold()).
+        # A backlog pauses the transport too, but is worked through slice by slice.
+        self.backlog: Iterator[Message] | None = None
+        self.unread: list[bytes] = []
+        self.holds: set[str] = set()
+        self.reading_paused = False
+        self.slice_scheduled = False
         self.credentials = Credentials()  # secured-topic rights from HELLO (topic_guard.py)
         self.last_seen = time.monotonic()
         self.opened = self.last_seen
@@ -146,18 +166,102 @@ class Connection(asyncio.Protocol):
         if self.closing:
             return
         self.last_seen = time.monotonic()
+        if self.backlog is not None:
+            # Read before the pause took effect (a TLS record decrypted with the last one):
+            # handled after the backlog, never before it.
+            self.unread.append(data)
+            return
+        self.backlog = self.decoder.feed(data)
+        if self.holds:  # read before the hold took effect: not one frame until released
+            self.sync_reading()
+            return
+        self.work()
+
+    def work(self) -> None:
+        """Handle the backlog's frames, in order, for up to ``read_slice`` seconds; then
+        pause reading and let the loop serve the other connections before the rest.
+
+        The decoder's pass over one read is suspended between slices, so nothing is
+        buffered twice; bytes read meanwhile wait in ``unread`` for the next pass."""
+        # One turn of the loop gives read_slice in all to the connections with a backlog.
+        share = self.broker.config.read_slice / (1 + len(self.broker.waiting))
+        deadline = time.perf_counter() + share
         try:
-            for msg in self.decoder.feed(data):
-                self.handle(msg)
+            while self.backlog is not None:
+                for msg in self.backlog:
+                    self.handle(msg)
+                    if self.closing or self.holds or time.perf_counter() > deadline:
+                        return  # the backlog keeps the rest (finally: pause, schedule)
+                if self.unread:
+                    data = b"".join(self.unread)
+                    self.unread.clear()
+                    self.backlog = self.decoder.feed(data)
+                else:
+                    self.backlog = None
         except TrellisError as exc:
+            self.drop_backlog()
             self.fail(exc)
         except Exception as exc:  # a bug must cost one connection, never the broker
             log.exception("internal error on %r", self)
+            self.drop_backlog()
             self.fail(exc)
         finally:
+            if self.closing:
+                self.drop_backlog()
             self.broker.flush()
+            self.sync_reading()
+
+    def next_slice(self) -> None:
+        """The loop's turn came back to this connection's backlog."""
+        self.slice_scheduled = False
+        self.broker.waiting.discard(self)
+        if self.closing or self.holds or self.backlog is None:
+            return  # closed, or held: release() schedules the rest
+        self.last_seen = time.monotonic()  # unread because of us, not silent
+        self.work()
+
+    def drop_backlog(self) -> None:
+        """Forget what was read and not handled (the connection is closing)."""
+        self.backlog = None
+        self.unread.clear()
+
+    def hold(self, reason: str) -> None:
+        """Stop reading this connection (and handling its backlog) for ``reason``, until
+        :meth:`release`: each reason holds it on its own (a congested link and a
+        reconfiguration freeze may overlap)."""
+        self.holds.add(reason)
+        self.sync_reading()
+
+    def release(self, reason: str) -> None:
+        """Drop one reason to hold reading; read again (after the backlog) if none is left."""
+        self.holds.discard(reason)
+        self.sync_reading()
+
+    def sync_reading(self) -> None:
+        """Pause the transport while a reason holds it or a backlog waits, resume it
+        otherwise, and schedule the backlog's next slice if nothing holds it."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        # A half-closed connection (a slow consumer being closed) is read, and what it
+        # sends ignored, until the client closes: see close_slow_consumer().
+        paused = not self.closing and (bool(self.holds) or self.backlog is not None)
+        if paused != self.reading_paused:
+            self.reading_paused = paused
+            if paused:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
+        if self.closing:
+            return
+        if self.backlog is not None and not self.holds and not self.slice_scheduled:
+            self.slice_scheduled = True
+            self.broker.waiting.add(self)
+            asyncio.get_running_loop().call_soon(self.next_slice)
 
     def eof_received(self) -> bool:
+        # A paused transport reads no EOF (TLS keeps a close_notify until reading
+        # resumes), so the backlog is empty here: the stream ended after every frame.
         try:
             self.decoder.check_eof()
         except ProtocolError as exc:
@@ -167,6 +271,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        self.drop_backlog()  # a reset loses what was in flight, as TCP's buffers would
         if not self.handshake.done():
             self.handshake.set_exception(ProtocolError(f"connection closed ({exc or 'EOF'})"))
             self.handshake.exception()  # retrieved: the dialer may have given up waiting
@@ -209,6 +314,8 @@ class Connection(asyncio.Protocol):
         self.send(err)
         self.flush()
         self.closing = True
+        self.drop_backlog()
+        self.sync_reading()  # read (and ignore) until the client closes
         transport = self.transport
         if transport.can_write_eof():
             transport.write_eof()
@@ -260,6 +367,7 @@ class Connection(asyncio.Protocol):
         if self.closing:
             return
         self.closing = True
+        self.drop_backlog()
         self.flush()
         if self.transport is not None:
             self.transport.close()
@@ -517,6 +625,8 @@ class Broker:
         self.linkstates = LinkStates(config.id, self.vn)
         self.congested_links: set[Connection] = set()
         self.dirty: list[Connection] = []
+        # Connections whose backlog waits for its next slice (they share read_slice).
+        self.waiting: set[Connection] = set()
         self.stats = BrokerStats()
         self.forwarder = build_forwarding(config, self.vn, self.router, self.stats, self.neighbours)
         self.shares = self.forwarder.shares
@@ -702,6 +812,8 @@ class Broker:
             self.connection_closed(old)
         conn.peer_id = client_id
         self.clients[client_id] = conn
+        if self.congested_links:  # a newcomer is held back with the other clients
+            conn.hold("congestion")
         if self.frozen:
             self.hold_back(conn)
         log.debug("client %s connected from %s", client_id, conn.peer)
@@ -794,13 +906,12 @@ class Broker:
         else:
             self.congested_links.discard(conn)
         after = bool(self.congested_links)
-        if before != after and not self.frozen:
-            for client in self.clients.values():
-                if client.transport is not None and not client.closing:
-                    if after:
-                        client.transport.pause_reading()
-                    else:
-                        client.transport.resume_reading()
+        if before != after:
+            for client in list(self.clients.values()):
+                if after:
+                    client.hold("congestion")
+                else:
+                    client.release("congestion")
 
     def freeze(self, hood: set[str]) -> None:
         """Stop reading from local clients and from links outside ``hood`` (TCP holds the
@@ -817,22 +928,18 @@ class Broker:
         if conn.is_broker and self.linked_vn(conn.peer_id or "") in self.frozen_hood:
             return
         if conn.transport is not None:
-            conn.transport.pause_reading()
+            conn.hold("freeze")
             self.paused.append(conn)
 
     def unfreeze(self) -> None:
-        """Read again from everything :meth:`freeze` paused (clients stay paused while a
+        """Read again from everything :meth:`freeze` paused (clients stay held while a
         broker link is congested)."""
         self.frozen = False
         paused, self.paused = self.paused, []
         now = time.monotonic()
         for conn in paused:
-            if conn.transport is None or conn.closing:
-                continue
             conn.last_seen = now
-            if not conn.is_broker and self.congested_links:
-                continue
-            conn.transport.resume_reading()
+            conn.release("freeze")
 
     def retire(self, vn: str) -> None:
         """Drop neighbour VN ``vn`` after a reconfiguration removed its link: stop dialling
