@@ -6,11 +6,27 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import os
+
 import pytest
 
 from broker.tools.launcher import BrokerProcess, start_broker
-from broker.tools.local import LocalOverlay, start_overlay
+from broker.tools.local import LocalOverlay, port_range, start_overlay
 from overlay.tree import Tree
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist each worker draws its brokers' ports from its own slice of the
+    range, so two workers never reserve the same port between release and bind (the
+    commands a test spawns inherit the slice)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2 or "TRELLIS_PORT_RANGE" in os.environ:
+        return
+    low, high = port_range()
+    width = (high - low) // count
+    start = low + int(worker[2:]) * width
+    os.environ["TRELLIS_PORT_RANGE"] = f"{start}-{start + width}"
 
 
 @pytest.fixture
