@@ -25,14 +25,14 @@ import os
 import signal
 import time
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 from broker.daemon.membership import OP
 from broker.daemon.reconfig_agent import ControlChannel
-from broker.tools.launcher import BrokerProcess, run_async, start_broker
+from broker.tools.launcher import BrokerProcess, run_async, start_broker, write_config
 from broker.tools.local import (
     OVERLAY_FILE,
     OverlayError,
@@ -178,6 +178,7 @@ class LocalReplicas:
         switched = prepared.resized(vn, index + 1)
         self.info.setdefault("vns", {})[vn] = list(switched.members[vn])
         self._save()
+        self._rewrite_configs(vn, switched.members[vn])
         self._publish(switched, {broker_id: proc.endpoint})
         self._wait_links(broker_id, vn, switched)
         return Change("attach", vn, broker_id, time.monotonic() - started, switched.version)
@@ -204,7 +205,23 @@ class LocalReplicas:
         self.info["brokers"] = [b for b in self.info.get("brokers", []) if b["id"] != leaving]
         self.info.setdefault("vns", {})[vn] = list(switched.members[vn])
         self._save()
+        self._rewrite_configs(vn, switched.members[vn])
         return Change("detach", vn, leaving, time.monotonic() - started, switched.version)
+
+    def _rewrite_configs(self, vn: str, members: Iterable[str]) -> None:
+        """Keep every broker's config file true to the new membership of ``vn``, so that a
+        broker restarted from it later (a crash, an operator's restart) knows the replicas
+        that joined, forgets the one that left, and its own VN's size."""
+        endpoints = {str(b["id"]): str(b["endpoint"]) for b in self.info.get("brokers", [])}
+        current = [b for b in members if b in endpoints]
+        for broker_id in endpoints:
+            path = self.workdir / f"{broker_id}.toml"
+            if not path.exists():
+                continue
+            config = tomllib.loads(path.read_text(encoding="utf-8"))
+            updated = with_members(config, vn, [(b, endpoints[b]) for b in current])
+            if updated != config:
+                write_config(path, updated)
 
     def refuse_client_vns(self, vns: Iterable[str]) -> None:
         """Refuse, before anything changes, a plan that resizes a VN serving clients.
@@ -319,6 +336,34 @@ class LocalReplicas:
                     f"{LINK_TIMEOUT:g} s"
                 )
             time.sleep(0.02)
+
+
+def with_members(
+    config: Mapping[str, Any], vn: str, members: Sequence[tuple[str, str]]
+) -> dict[str, Any]:
+    """A broker config (as its TOML reads) with VN ``vn``'s replicas replaced by
+    ``members`` ((id, endpoint) in slot order): in ``neighbours`` if the broker lists that VN
+    there, in ``peers`` otherwise; its own ``vn_size`` if it is one of them."""
+    out = dict(config)
+    me = str(config.get("id", ""))
+    entries = [
+        {"id": b, "endpoint": e, "vn": vn, "replica": i, "vn_size": len(members)}
+        for i, (b, e) in enumerate(members)
+    ]
+    if config.get("vn") == vn:
+        out["vn_size"] = len(members)
+        if any(b == me for b, _ in members):
+            out["replica"] = next(i for i, (b, _) in enumerate(members) if b == me)
+    others = [e for e in entries if e["id"] != me]
+    neighbours = list(config.get("neighbours", []))
+    peers = list(config.get("peers", []))
+    if any(n.get("vn") == vn for n in neighbours):
+        neighbours = [n for n in neighbours if n.get("vn") != vn] + others
+        peers = [p for p in peers if p.get("vn") != vn]
+    else:
+        peers = [p for p in peers if p.get("vn") != vn] + others
+    out["neighbours"], out["peers"] = neighbours, peers
+    return out
 
 
 def _stop_pid(pid: int, broker_id: str, timeout: float = 10.0) -> None:

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import time
+import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,7 @@ import pytest
 
 from broker.client import Client
 from broker.errors import TrellisTimeout
+from broker.tools.launcher import BrokerProcess, start_broker
 from broker.tools.local import LocalOverlay, fetch_json, stop_overlay
 from broker.tools.placement_apply import LocalReplicas
 from overlay.tree import line_tree
@@ -193,3 +197,48 @@ async def test_a_tls_overlay_attaches_and_detaches_a_replica_live(line_of_vns) -
     assert (overlay.workdir / "tls" / "b1.3.crt").exists()
     assert len(published["secret"]) > 50
     assert got == published
+
+
+def restart_from_its_config(workdir: Path, broker_id: str) -> BrokerProcess:
+    """Kill a broker and start it again from its config file as it now reads (the way an
+    operator or a supervisor restarts a crashed broker), on the same port."""
+    entry = {b["id"]: b for b in LocalReplicas(workdir).info["brokers"]}[broker_id]
+    os.kill(int(entry["pid"]), signal.SIGKILL)
+    settings = tomllib.loads((workdir / f"{broker_id}.toml").read_text(encoding="utf-8"))
+    for key in ("id", "host", "port", "ready_file"):
+        settings.pop(key)
+    port = int(str(entry["endpoint"]).rpartition(":")[2])
+    return start_broker(workdir, broker_id, port=port, settings=settings)
+
+
+def wait_links(admin: str, wanted: set[str], timeout: float = 20.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        health: dict[str, Any] = fetch_json(admin + "/healthz")
+        if set(health["links"]) == wanted and not health["missing_links"]:
+            return health
+        assert time.monotonic() < deadline, (sorted(health["links"]), health["missing_links"])
+        time.sleep(0.1)
+
+
+def test_a_neighbour_restarted_from_its_config_knows_the_replicas_that_joined_and_left(
+    line_of_vns,
+) -> None:
+    """Attach and detach rewrite every broker's config file: a neighbour restarted after an
+    attach links to the new replica, one restarted after the detach no longer expects it."""
+    overlay = line_of_vns([3, 3, 1])
+    replicas = LocalReplicas(overlay.workdir)
+    restarted: list[BrokerProcess] = []
+    try:
+        assert replicas.attach("b1").broker == "b1.3"
+        restarted.append(restart_from_its_config(overlay.workdir, "b0.1"))
+        wait_links(restarted[-1].admin_url, {"b1.0", "b1.1", "b1.2", "b1.3"})
+        wait_links(replicas.started["b1.3"].admin_url, {"b0.0", "b0.1", "b0.2", "b2"})
+        detached = replicas.detach("b1")
+        assert detached.broker == "b1.3"
+        restarted.append(restart_from_its_config(overlay.workdir, "b0.2"))
+        health = wait_links(restarted[-1].admin_url, {"b1.0", "b1.1", "b1.2"})
+        assert health["manifest_version"] == detached.version
+    finally:
+        for proc in [*restarted, *replicas.started.values()]:
+            proc.stop()
