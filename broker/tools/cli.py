@@ -176,6 +176,18 @@ def delivery_line(msg: Delivery) -> str:
     return f"{line} <{len(msg.payload)} bytes, base64 {base64.b64encode(msg.payload).decode()}>"
 
 
+def first_seq_for(given: int | None, *, fixed_id: bool) -> int:
+    """The first sequence number of a ``trellis pub`` run.
+
+    Brokers and subscribers deduplicate by (publisher, seq): a publisher that runs again
+    under the same identity must continue its numbering, or every publication of the new
+    run is taken for a conflicting copy of the old run's. The clock continues it without
+    state on disk (a run publishes far fewer than a million messages per second)."""
+    if given is not None:
+        return given
+    return time.time_ns() // 1000 if fixed_id else 1
+
+
 async def _pub(args: argparse.Namespace) -> int:
     from broker.client import Client
     from broker.language.grammar import parse_attrs
@@ -190,10 +202,12 @@ async def _pub(args: argparse.Namespace) -> int:
     interval = 1.0 / args.rate if args.rate else 0.0
     from broker.tools.topic_cli import client_identity
 
+    identity = client_identity(args)
     client = Client(
         args.endpoint.split(","),
         key_refresh=args.key_refresh,
-        **client_identity(args),
+        first_seq=first_seq_for(args.first_seq, fixed_id=identity["client_id"] is not None),
+        **identity,
         **tls_options(args),
     )
     async with client:
@@ -728,6 +742,13 @@ def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
         "--advertise", help="advertisement filter (default: the attributes' exact values)"
     )
     p.add_argument("--client-id", help="publisher identity (default: a random one)")
+    p.add_argument(
+        "--first-seq",
+        type=POSITIVE_INT,
+        help="sequence number of the first publication (default: 1 for a random identity; "
+        "for a fixed one (--client-id, --identity) microseconds since 1970, so a later run "
+        "continues the numbering: brokers and subscribers deduplicate by (publisher, seq))",
+    )
     p.add_argument("--no-ack", action="store_true", help="stream without waiting for each ack")
     p.add_argument(
         "--confidential", action="store_true", help="encrypt; the key travels as Shamir shares"

@@ -80,3 +80,37 @@ async def test_a_publication_right_after_subscribe_returned_reaches_the_new_subs
                 ]
                 got = await drain(sub, idle=1.5)
             assert [m.seq for m in got] == seqs, f"round {round_}"
+
+
+async def test_a_publisher_run_twice_under_one_client_id_reaches_a_subscriber_both_times(
+    line: Callable[[int, int], LocalOverlay],
+) -> None:
+    """Brokers and subscribers deduplicate by (publisher, seq): a second ``trellis pub
+    --client-id X`` numbering from 1 again had every publication dropped as a conflicting
+    copy of the first run's (0 of 5 delivered through replicated VNs). The CLI now continues
+    a fixed identity's numbering from the clock."""
+    overlay = line(2, 3)
+    names = sorted(overlay.tree.brokers)
+    first = ",".join(overlay.endpoints(names[0]))
+    async with Client(overlay.endpoints(names[-1])) as sc, sc.subscribe("class = 'x'") as sub:
+        for run in ("one", "two"):
+            done = await asyncio.to_thread(
+                trellis,
+                "pub",
+                "--endpoint",
+                first,
+                "--count",
+                "5",
+                "--client-id",
+                "sensor",
+                "--attrs",
+                "class='x'",
+                "--payload",
+                run,
+            )
+            assert done.returncode == 0, done.stderr
+        got = await drain(sub, idle=1.5)
+    assert [m.payload for m in got] == [b"one"] * 5 + [b"two"] * 5
+    assert [m.publisher for m in got] == ["sensor"] * 10
+    seqs = [m.seq for m in got]
+    assert seqs == sorted(set(seqs))
