@@ -63,6 +63,7 @@ from broker.wire.protocol import (
     Publish,
     Role,
     Share,
+    Shares,
     Subscribe,
     Unadvertise,
     Unsubscribe,
@@ -79,6 +80,7 @@ from security.propagation import (
     PropagationError,
     pack_record,
     reconstruct,
+    unpack_batch,
     unpack_record,
 )
 from security.publication import EpochKey, SecBlock, publication_id
@@ -1142,6 +1144,16 @@ class Client:
             self.copy_blames[broker] = self.copy_blames.get(broker, 0) + 1
             log.warning("publication seq %d from broker %s: %s", blame.seq, broker, blame.why)
 
+    def _shares_arrived(self, link: _Link, msg: Shares) -> None:
+        """A SHARES frame: the key shares one replica relayed in one pass."""
+        for publisher, seq, record in unpack_batch(msg.certs, msg.entries):
+            if isinstance(record, PropagationError):
+                log.warning("malformed key share from broker %s: %s", link.broker_id, record)
+                continue
+            assembly = self._assembly(publisher, seq)
+            assembly.add(link.broker_id, record)
+            self._arrived[publisher, seq] = assembly
+
     def _share_arrived(self, link: _Link, msg: Share) -> None:
         try:
             record = unpack_record(msg.record)
@@ -1255,6 +1267,9 @@ class Client:
                         link.index,
                         Delivery(msg.attrs, msg.payload, msg.publisher, msg.seq, sid, msg.sec),
                     )
+            return
+        if type(msg) is Shares:
+            self._shares_arrived(link, msg)
             return
         if type(msg) is Share:
             self._share_arrived(link, msg)

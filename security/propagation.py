@@ -62,7 +62,9 @@ from security.envelope import Signer
 from security.errors import IntegrityError
 
 __all__ = [
+    "BATCH_RECORDS",
     "SALT_SIZE",
+    "BatchEntry",
     "Blame",
     "CertBatch",
     "ChainVerifier",
@@ -71,6 +73,7 @@ __all__ = [
     "PathView",
     "PropagationError",
     "Reconstruction",
+    "Seal",
     "SealCache",
     "ShareInbox",
     "ShareRecord",
@@ -80,13 +83,18 @@ __all__ = [
     "confidentiality_free",
     "merkle_fold",
     "merkle_tree",
+    "pack_batch",
     "pack_record",
     "publisher_split",
+    "publisher_split_with",
     "reconstruct",
     "resplit",
+    "seal_batch",
     "seal_certs",
     "silent_senders",
+    "statement_sealed",
     "threshold_for",
+    "unpack_batch",
     "unpack_record",
 ]
 
@@ -335,7 +343,8 @@ def _root_message(splitter: str, count: int, root: bytes) -> bytes:
 
 
 class SealCache:
-    """Batch roots already verified, by (public key, count, root, signature): positives only.
+    """Batch roots already verified, by (public key, signer, count, root, signature):
+    positives only.
 
     Shared by every verifier of a process, so a batch covering many publications is verified
     once, not once per publication or share. Bounded: the oldest entries are dropped.
@@ -343,14 +352,15 @@ class SealCache:
 
     def __init__(self, size: int = 1 << 16) -> None:
         self.size = size
-        self._ok: dict[tuple[bytes, int, bytes, bytes], None] = {}
+        self._ok: dict[tuple[bytes, str, int, bytes, bytes], None] = {}
         self.verified = 0  # Ed25519 verifications actually run (for benchmarks)
 
     def check(
         self, key: Ed25519PublicKey, splitter: str, count: int, root: bytes, sig: bytes
     ) -> bool:
         """Whether ``sig`` is ``splitter``'s signature over the batch root."""
-        entry = (key.public_bytes_raw(), count, root, sig)
+        # The signer's id is part of what was signed: a hit under another id is no proof.
+        entry = (key.public_bytes_raw(), splitter, count, root, sig)
         if entry in self._ok:
             return True
         self.verified += 1
@@ -370,16 +380,63 @@ DEFAULT_SEALS = SealCache()
 _UNSEEN = "unseen"
 
 
-def seal_certs(certs: Sequence[SplitCert], signer: Signer) -> list[SplitCert]:
-    """Seal statements together: one signature over their Merkle root, a path for each."""
+class Seal(NamedTuple):
+    """Where one statement sits in a sealed batch: the batch signature, the statement's
+    position, the batch size (a certificate's ``count``) and its Merkle path."""
+
+    signature: bytes
+    position: int
+    size: int
+    proof: tuple[bytes, ...]
+
+
+def seal_certs(
+    certs: Sequence[SplitCert], signer: Signer, extra: Sequence[bytes] = ()
+) -> list[SplitCert]:
+    """Seal statements together: one signature over their Merkle root, a path for each.
+
+    ``extra``: other statements (canonical bytes, domain-tagged by their own first field)
+    sealed under the same signature after the certificates; :func:`seal_batch` returns
+    their seals too.
+    """
+    return seal_batch(certs, signer, extra)[0]
+
+
+def seal_batch(
+    certs: Sequence[SplitCert], signer: Signer, extra: Sequence[bytes] = ()
+) -> tuple[list[SplitCert], list[Seal]]:
+    """:func:`seal_certs` that also returns the seal of each ``extra`` statement: a
+    publisher seals its root split and the publication that carries it with one signature,
+    and an edge replica verifies that signature once (:class:`SealCache`) for both."""
     leaves = [_leaf_hash(cert.signed_bytes()) for cert in certs]
+    leaves.extend(_leaf_hash(statement) for statement in extra)
     root, proofs = merkle_tree(leaves)
-    count = len(certs)
+    count = len(leaves)
     signature = signer.sign(_root_message(signer.id, count, root))
-    return [
+    sealed = [
         replace(cert, signature=signature, position=i, count=count, proof=proofs[i])
         for i, cert in enumerate(certs)
     ]
+    seals = [Seal(signature, i, count, proofs[i]) for i in range(len(certs), len(leaves))]
+    return sealed, seals
+
+
+def statement_sealed(
+    key: Ed25519PublicKey,
+    signer: str,
+    statement: bytes,
+    seal: Seal,
+    cache: SealCache | None = None,
+) -> bool:
+    """Whether ``statement`` is in a batch ``signer`` sealed (its Merkle path leads to a
+    root the signature covers); the root check goes through ``cache`` (default: the
+    process-wide one), so a batch already verified for a certificate costs no signature."""
+    root = merkle_fold(_leaf_hash(statement), seal.position, seal.size, seal.proof)
+    if root is None:
+        return False
+    return (DEFAULT_SEALS if cache is None else cache).check(
+        key, signer, seal.size, root, seal.signature
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -499,10 +556,20 @@ def publisher_split(key: bytes, k: int, n: int, signer: Signer, pub_id: bytes) -
     Record j goes to replica j. ``k`` must equal ``threshold_for(n)``: any other threshold
     would break either confidentiality or robustness, so it is rejected rather than honoured.
     """
+    records, _ = publisher_split_with(key, k, n, signer, pub_id, ())
+    return records
+
+
+def publisher_split_with(
+    key: bytes, k: int, n: int, signer: Signer, pub_id: bytes, extra: Sequence[bytes]
+) -> tuple[list[ShareRecord], list[Seal]]:
+    """:func:`publisher_split` sealed under one signature with the ``extra`` statements
+    (the publication that opens the key epoch): one signature instead of two, and one
+    verification at each edge replica."""
     _check_scheme(k, n)
     records = _split_node(bytes(key), bytes(pub_id), (), (), k=k, r=n, splitter=signer.id)
-    (cert,) = seal_certs([records[0].certs[-1]], signer)
-    return _with_last_cert(records, cert)
+    (cert,), seals = seal_batch([records[0].certs[-1]], signer, extra)
+    return _with_last_cert(records, cert), seals
 
 
 def resplit(record: ShareRecord, k_next: int, r_next: int, signer: Signer) -> list[ShareRecord]:
@@ -1089,6 +1156,72 @@ def unpack_record(raw: bytes) -> ShareRecord:
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise PropagationError(f"malformed share record: {exc}") from None
     return record
+
+
+BATCH_RECORDS = 128
+"""Most records in one batch frame: its certificate table stays well under a frame limit
+(a record's chain is at most a few hundred bytes per level)."""
+
+BatchEntry = tuple[str, int, bytes, Lineage, tuple[int, ...], bytes, bytes]
+"""A record in a batch: publisher, seq, pub_id, lineage, certificate indices, salt, data."""
+
+
+def pack_batch(
+    items: Iterable[tuple[str, int, ShareRecord]],
+) -> list[tuple[list[bytes], list[BatchEntry]]]:
+    """The records one sender sends one receiver in a pass, as (certificate table, entries)
+    per frame of at most :data:`BATCH_RECORDS` records: each certificate is packed once per
+    frame and named by its index, instead of travelling (and being parsed) with every
+    record below its split."""
+    frames: list[tuple[list[bytes], list[BatchEntry]]] = []
+    table: list[bytes] = []
+    index: dict[SplitCert, int] = {}
+    entries: list[BatchEntry] = []
+    for publisher, seq, record in items:
+        if len(entries) >= BATCH_RECORDS:
+            frames.append((table, entries))
+            table, index, entries = [], {}, []
+        refs = []
+        for cert in record.certs:
+            i = index.get(cert)
+            if i is None:
+                i = index[cert] = len(table)
+                table.append(_pack_cert(cert))
+            refs.append(i)
+        entries.append(
+            (publisher, seq, record.pub_id, record.lineage, tuple(refs), record.salt, record.data)
+        )
+    if entries:
+        frames.append((table, entries))
+    return frames
+
+
+def unpack_batch(
+    certs: Sequence[bytes], entries: Iterable[BatchEntry]
+) -> list[tuple[str, int, ShareRecord | PropagationError]]:
+    """Parse a batch frame: (publisher, seq, record) per entry, or the error that makes
+    an entry malformed (a bad certificate spoils only the entries that name it). Structure
+    only: verify with :class:`ShareInbox`."""
+    parsed: list[SplitCert | PropagationError] = []
+    for raw in certs:
+        try:
+            parsed.append(_unpack_cert(raw))
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            parsed.append(PropagationError(f"malformed certificate: {exc}"))
+    out: list[tuple[str, int, ShareRecord | PropagationError]] = []
+    for publisher, seq, pub_id, lineage, refs, salt, data in entries:
+        try:
+            chain = tuple(parsed[i] for i in refs)
+        except IndexError:
+            out.append((publisher, seq, PropagationError("certificate index out of range")))
+            continue
+        bad = next((c for c in chain if isinstance(c, PropagationError)), None)
+        if bad is not None:
+            out.append((publisher, seq, bad))
+            continue
+        certs_ok: tuple[SplitCert, ...] = chain  # type: ignore[assignment]
+        out.append((publisher, seq, ShareRecord(pub_id, lineage, certs_ok, salt, data)))
+    return out
 
 
 def _ints(value: object) -> Lineage:

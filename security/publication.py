@@ -20,11 +20,18 @@ from security.envelope import (
     new_key,
     public_key_from_bytes,
     public_key_to_bytes,
+    publication_digest,
     seal,
     sign_publication,
     verify_publication,
 )
-from security.propagation import ShareRecord, publisher_split, threshold_for
+from security.propagation import (
+    Seal,
+    ShareRecord,
+    publisher_split_with,
+    statement_sealed,
+    threshold_for,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +46,10 @@ class SecBlock:
         epoch: the key epoch (the seq of the epoch's first publication).
         share: the key share for one edge replica; only on a client's ``PUBLISH`` of an
             epoch's first publication, never forwarded with the content.
+        seal: (position, count, Merkle path) when ``sig`` signs a batch root rather than the
+            publication alone: the publication that opens an epoch is sealed with its
+            root split under one signature (:func:`signature_valid`), so the edge replica
+            verifies one signature for both.
     """
 
     pk: bytes
@@ -46,12 +57,16 @@ class SecBlock:
     vn: str
     epoch: int
     share: bytes | None = None
+    seal: tuple[int, int, tuple[bytes, ...]] | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        """The msgpack map form (``share`` only when present)."""
+        """The msgpack map form (``share`` and ``seal`` only when present)."""
         wire: dict[str, Any] = {"pk": self.pk, "sig": self.sig, "vn": self.vn, "epoch": self.epoch}
         if self.share is not None:
             wire["share"] = self.share
+        if self.seal is not None:
+            position, count, proof = self.seal
+            wire["seal"] = [position, count, list(proof)]
         return wire
 
     def with_share(self, share: bytes) -> SecBlock:
@@ -83,12 +98,14 @@ class EpochKey:
     started: float
     used: int = 0
 
+    replicas: int = 0
+
     @classmethod
     def start(cls, signer: Signer, first_seq: int, vn: str, replicas: int) -> EpochKey:
-        key = new_key()
-        pub_id = publication_id(signer.id, first_seq)
-        records = publisher_split(key, threshold_for(replicas), replicas, signer, pub_id)
-        return cls(key, first_seq, vn, records, time.monotonic())
+        """A fresh key; its shares (:attr:`records`) are made when the epoch's first
+        publication is sealed, under the same signature as that publication."""
+        threshold_for(replicas)  # refuse a bad replica count now, not at the first seal
+        return cls(new_key(), first_seq, vn, [], time.monotonic(), replicas=replicas)
 
     def expired(self, messages: int, seconds: float | None) -> bool:
         if self.used >= messages:
@@ -102,15 +119,28 @@ class EpochKey:
         self.used += 1
         pub_id = publication_id(signer.id, seq)
         sealed = seal(self.key, pub_id, attrs, payload)
-        sec = SecBlock(
-            pk=public_key_to_bytes(signer.public_key),
-            sig=sign_publication(
-                signer.key, signed_id(signer.id, seq, self.vn, self.first_seq), attrs, sealed
-            ),
+        signed = signed_id(signer.id, seq, self.vn, self.first_seq)
+        pk = public_key_to_bytes(signer.public_key)
+        if seq != self.first_seq or self.records:
+            sig = sign_publication(signer.key, signed, attrs, sealed)
+            return sealed, SecBlock(pk=pk, sig=sig, vn=self.vn, epoch=self.first_seq)
+        # The epoch opens: one signature over the root split and this publication.
+        r = self.replicas
+        self.records, (content,) = publisher_split_with(
+            self.key,
+            threshold_for(r),
+            r,
+            signer,
+            pub_id,
+            [publication_digest(signed, attrs, sealed)],
+        )
+        return sealed, SecBlock(
+            pk=pk,
+            sig=content.signature,
             vn=self.vn,
             epoch=self.first_seq,
+            seal=(content.position, content.size, content.proof),
         )
-        return sealed, sec
 
 
 def signed_id(publisher: str, seq: int, vn: str, epoch: int) -> bytes:
@@ -126,15 +156,18 @@ def signature_valid(
     payload: bytes,
     sec: SecBlock,
 ) -> bool:
-    """Whether ``sec`` carries the publisher's valid signature over this content."""
+    """Whether ``sec`` carries the publisher's valid signature over this content (alone,
+    or with ``sec.seal`` as a member of a batch the publisher sealed)."""
+    signed = signed_id(publisher, seq, sec.vn, sec.epoch)
     try:
-        verify_publication(
-            public_key_from_bytes(sec.pk),
-            signed_id(publisher, seq, sec.vn, sec.epoch),
-            attrs,
-            payload,
-            sec.sig,
-        )
+        key = public_key_from_bytes(sec.pk)
+        if sec.seal is not None:
+            position, count, proof = sec.seal
+            statement = publication_digest(signed, attrs, payload)
+            return statement_sealed(
+                key, publisher, statement, Seal(sec.sig, position, count, proof)
+            )
+        verify_publication(key, signed, attrs, payload, sec.sig)
     except (EnvelopeError, ValueError):
         return False
     return True

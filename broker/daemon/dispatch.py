@@ -67,6 +67,7 @@ from broker.wire.protocol import (
     Reconf,
     Role,
     Share,
+    Shares,
     Subscribe,
     Sync,
     Unadvertise,
@@ -372,6 +373,10 @@ class Connection(asyncio.Protocol):
             peer = self.peer_id
             assert peer is not None
             broker.forwarder.forward(hop, peer, msg)
+            return
+        if type(msg) is Shares:
+            assert self.peer_id is not None
+            broker.shares.batch_arrived(msg, self.peer_id)
             return
         if type(msg) is Share:
             broker.shares.share_arrived(msg.publisher, msg.seq, msg.record, self.peer_id)
