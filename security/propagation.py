@@ -1210,17 +1210,18 @@ def unpack_batch(
             parsed.append(PropagationError(f"malformed certificate: {exc}"))
     out: list[tuple[str, int, ShareRecord | PropagationError]] = []
     for publisher, seq, pub_id, lineage, refs, salt, data in entries:
-        try:
-            chain = tuple(parsed[i] for i in refs)
-        except IndexError:
-            out.append((publisher, seq, PropagationError("certificate index out of range")))
-            continue
-        bad = next((c for c in chain if isinstance(c, PropagationError)), None)
-        if bad is not None:
-            out.append((publisher, seq, bad))
-            continue
-        certs_ok: tuple[SplitCert, ...] = chain  # type: ignore[assignment]
-        out.append((publisher, seq, ShareRecord(pub_id, lineage, certs_ok, salt, data)))
+        chain: list[SplitCert] = []
+        problem: PropagationError | None = None
+        for i in refs:
+            cert = parsed[i] if 0 <= i < len(parsed) else PropagationError("no such certificate")
+            if isinstance(cert, PropagationError):
+                problem = cert
+                break
+            chain.append(cert)
+        if problem is not None:
+            out.append((publisher, seq, problem))
+        else:
+            out.append((publisher, seq, ShareRecord(pub_id, lineage, tuple(chain), salt, data)))
     return out
 
 
