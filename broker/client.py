@@ -83,7 +83,7 @@ from security.propagation import (
     unpack_batch,
     unpack_record,
 )
-from security.publication import EpochKey, SecBlock, publication_id
+from security.publication import EpochKey, SecBlock, Unsigned, publication_id, sign_pass
 from security.tls import client_context, describe_tls_error
 
 __all__ = ["Client", "Delivery", "Status", "Subscription", "parse_endpoint"]
@@ -579,6 +579,8 @@ class Client:
         self.key_refresh = key_refresh
         self.key_refresh_seconds = key_refresh_seconds
         self._epoch: EpochKey | None = None
+        # confidential publications of this pass (ack=False), signed together at its end
+        self._unsigned: list[tuple[int, dict[str, Value], Unsigned]] = []
         self.copy_patience = copy_patience
         self.hello_options = dict(hello_options or {})
         self.copy_blames: dict[str, int] = {}
@@ -701,6 +703,7 @@ class Client:
 
     async def close(self) -> None:
         """Close the connections now; queued deliveries stay readable."""
+        self._sign_pending()
         self._status = Status.CLOSED
         await self._stop_supervisors()
         links, self._links = list(self._links.values()), {}
@@ -792,6 +795,7 @@ class Client:
         if confidential:
             await self._publish_confidential(seq, attrs, payload, ack)
             return seq
+        self._sign_pending()  # confidential ones queued before this go first
         if ack:
             await self._request(lambda rid: Publish(rid, seq, attrs, payload))
             return seq
@@ -812,23 +816,52 @@ class Client:
         if self._status is not Status.CONNECTED:
             await self._wait_connected()
         assert self.vn is not None
+        if not ack:
+            await self._writable_links()  # flow control before queueing, as for plain
         epoch = self._epoch
         if epoch is None or epoch.expired(self.key_refresh, self.key_refresh_seconds):
             epoch = self._epoch = EpochKey.start(self.signer, seq, self.vn, self.vn_size)
-        sealed, sec = epoch.seal(self.signer, seq, attrs, payload)
-        opens_epoch = seq == epoch.first_seq
+        unsigned = epoch.prepare(self.signer, seq, attrs, payload)
+        if not ack:
+            # Signed with the rest of this pass (one signature, verified once per edge
+            # replica) and sent at its end, before anything else this client sends.
+            if not self._unsigned:
+                asyncio.get_running_loop().call_soon(self._sign_pending)
+            self._unsigned.append((seq, attrs, unsigned))
+            return
+        self._sign_pending()
+        (sec,) = sign_pass(self.signer, [unsigned])
+        await self._request_per_link(
+            lambda rid, link: self._confidential_publish(rid, seq, attrs, unsigned, sec, link)
+        )
 
-        def make(rid: int, link: _Link) -> Publish:
-            if not opens_epoch:
-                return Publish(rid, seq, attrs, sealed, sec)
-            share = pack_record(epoch.records[link.replica])
-            return Publish(rid, seq, attrs, sealed, sec.with_share(share))
+    def _confidential_publish(
+        self,
+        rid: int,
+        seq: int,
+        attrs: dict[str, Value],
+        unsigned: Unsigned,
+        sec: SecBlock,
+        link: _Link,
+    ) -> Publish:
+        """The PUBLISH one replica is sent: with its share when the publication opens its
+        key epoch."""
+        if not unsigned.opens:
+            return Publish(rid, seq, attrs, unsigned.sealed, sec)
+        share = pack_record(unsigned.epoch.records[link.replica])
+        return Publish(rid, seq, attrs, unsigned.sealed, sec.with_share(share))
 
-        if ack:
-            await self._request_per_link(make)
-        else:
-            for link in await self._writable_links():
-                link.send(make(0, link))
+    def _sign_pending(self) -> None:
+        """Sign the confidential publications queued in this pass and send them, in order."""
+        pending, self._unsigned = self._unsigned, []
+        if not pending:
+            return
+        secs = sign_pass(self.signer, [unsigned for _, _, unsigned in pending])
+        links = list(self._links.values())
+        for (seq, attrs, unsigned), sec in zip(pending, secs, strict=True):
+            for link in links:
+                with contextlib.suppress(ConnectionLost):
+                    link.send(self._confidential_publish(0, seq, attrs, unsigned, sec, link))
 
     def subscribe(self, flt: str | Filter, *, queue_size: int | None = None) -> Subscription:
         """A subscription to use as ``async with client.subscribe("...") as sub``.
@@ -922,6 +955,7 @@ class Client:
     ) -> None:
         """Send the requests; return once ``needed`` links acknowledged."""
         timeout = self.request_timeout if timeout is None else timeout
+        self._sign_pending()  # publications queued before this request go first
         pending = _Pending(needed, {link.index for link, _ in requests})
         self._pending[rid] = pending
         try:

@@ -86,6 +86,7 @@ __all__ = [
     "pack_batch",
     "pack_record",
     "publisher_split",
+    "publisher_split_unsealed",
     "publisher_split_with",
     "reconstruct",
     "resplit",
@@ -96,6 +97,7 @@ __all__ = [
     "threshold_for",
     "unpack_batch",
     "unpack_record",
+    "with_root_cert",
 ]
 
 SALT_SIZE = 16
@@ -226,6 +228,9 @@ class SplitCert:
     # Certificates are dictionary keys in every verifier cache and travel with every share
     # below them: the hash is computed once, not on each lookup.
     _hash: int = field(init=False, repr=False, compare=False)
+    # The statement's canonical bytes, packed on first use: the splitter's seal, a
+    # receiver's seal check and the digest its children name all need them.
+    _signed: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         seal = (self.signature, self.position, self.count, self.proof)
@@ -236,15 +241,37 @@ class SplitCert:
 
     def signed_bytes(self) -> bytes:
         """The canonical msgpack bytes of the statement (a leaf of the batch's Merkle tree)."""
-        return _cert_bytes(
+        signed = self._signed
+        if signed is None:
+            signed = _cert_bytes(
+                self.pub_id,
+                self.node,
+                self.k,
+                self.r,
+                splitter=self.splitter,
+                commitments=self.commitments,
+                parent=self.parent,
+            )
+            object.__setattr__(self, "_signed", signed)
+        return signed
+
+    def sealed_as(self, seal: Seal) -> SplitCert:
+        """This statement under ``seal`` (its packed statement carried over)."""
+        cert = SplitCert(
             self.pub_id,
             self.node,
             self.k,
             self.r,
-            splitter=self.splitter,
-            commitments=self.commitments,
-            parent=self.parent,
+            self.splitter,
+            self.commitments,
+            seal.signature,
+            self.parent,
+            seal.position,
+            seal.size,
+            seal.proof,
         )
+        object.__setattr__(cert, "_signed", self._signed)
+        return cert
 
     @property
     def statement(self) -> tuple[object, ...]:
@@ -413,10 +440,7 @@ def seal_batch(
     root, proofs = merkle_tree(leaves)
     count = len(leaves)
     signature = signer.sign(_root_message(signer.id, count, root))
-    sealed = [
-        replace(cert, signature=signature, position=i, count=count, proof=proofs[i])
-        for i, cert in enumerate(certs)
-    ]
+    sealed = [cert.sealed_as(Seal(signature, i, count, proofs[i])) for i, cert in enumerate(certs)]
     seals = [Seal(signature, i, count, proofs[i]) for i in range(len(certs), len(leaves))]
     return sealed, seals
 
@@ -558,6 +582,21 @@ def publisher_split(key: bytes, k: int, n: int, signer: Signer, pub_id: bytes) -
     """
     records, _ = publisher_split_with(key, k, n, signer, pub_id, ())
     return records
+
+
+def publisher_split_unsealed(
+    key: bytes, k: int, n: int, signer: str, pub_id: bytes
+) -> list[ShareRecord]:
+    """:func:`publisher_split` with the root certificate not sealed yet: the publisher
+    seals it with the publications of its pass (:func:`seal_batch`) and swaps it in with
+    :func:`with_root_cert`."""
+    _check_scheme(k, n)
+    return _split_node(bytes(key), bytes(pub_id), (), (), k=k, r=n, splitter=signer)
+
+
+def with_root_cert(records: list[ShareRecord], cert: SplitCert) -> list[ShareRecord]:
+    """The records of a split with their (newest) certificate replaced by its sealed form."""
+    return _with_last_cert(records, cert)
 
 
 def publisher_split_with(

@@ -9,8 +9,8 @@ one key epoch, split once for its edge VN's replicas.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from security.envelope import (
@@ -22,15 +22,16 @@ from security.envelope import (
     public_key_to_bytes,
     publication_digest,
     seal,
-    sign_publication,
     verify_publication,
 )
 from security.propagation import (
     Seal,
     ShareRecord,
-    publisher_split_with,
+    publisher_split_unsealed,
+    seal_batch,
     statement_sealed,
     threshold_for,
+    with_root_cert,
 )
 
 
@@ -97,8 +98,10 @@ class EpochKey:
     records: list[ShareRecord]
     started: float
     used: int = 0
-
     replicas: int = 0
+    # the root split of the key, made with the epoch's first publication and sealed with
+    # its pass (:func:`sign_pass`), which moves it to ``records``
+    _unsealed: list[ShareRecord] = field(default_factory=list, repr=False)
 
     @classmethod
     def start(cls, signer: Signer, first_seq: int, vn: str, replicas: int) -> EpochKey:
@@ -116,31 +119,69 @@ class EpochKey:
         self, signer: Signer, seq: int, attrs: Mapping[str, AttributeValue], payload: bytes
     ) -> tuple[bytes, SecBlock]:
         """Encrypt and sign one publication; returns the sealed payload and its block."""
+        pending = self.prepare(signer, seq, attrs, payload)
+        (sec,) = sign_pass(signer, [pending])
+        return pending.sealed, sec
+
+    def prepare(
+        self, signer: Signer, seq: int, attrs: Mapping[str, AttributeValue], payload: bytes
+    ) -> Unsigned:
+        """Encrypt one publication; :func:`sign_pass` signs it with the others of its pass
+        (and the root split of the key when it opens the epoch)."""
         self.used += 1
         pub_id = publication_id(signer.id, seq)
         sealed = seal(self.key, pub_id, attrs, payload)
         signed = signed_id(signer.id, seq, self.vn, self.first_seq)
-        pk = public_key_to_bytes(signer.public_key)
-        if seq != self.first_seq or self.records:
-            sig = sign_publication(signer.key, signed, attrs, sealed)
-            return sealed, SecBlock(pk=pk, sig=sig, vn=self.vn, epoch=self.first_seq)
-        # The epoch opens: one signature over the root split and this publication.
-        r = self.replicas
-        self.records, (content,) = publisher_split_with(
-            self.key,
-            threshold_for(r),
-            r,
-            signer,
-            pub_id,
-            [publication_digest(signed, attrs, sealed)],
-        )
-        return sealed, SecBlock(
+        opens = seq == self.first_seq and not self.records and not self._unsealed
+        if opens:
+            r = self.replicas
+            self._unsealed = publisher_split_unsealed(
+                self.key, threshold_for(r), r, signer.id, pub_id
+            )
+        return Unsigned(self, sealed, publication_digest(signed, attrs, sealed), opens)
+
+
+@dataclass(frozen=True, slots=True)
+class Unsigned:
+    """A sealed publication waiting for its pass's signature (:func:`sign_pass`)."""
+
+    epoch: EpochKey
+    sealed: bytes
+    statement: bytes
+    opens: bool
+
+
+def sign_pass(signer: Signer, pending: Sequence[Unsigned]) -> list[SecBlock]:
+    """Sign the publications of one pass, and the root splits of the epochs they open,
+    with one Ed25519 signature over a Merkle root (:func:`seal_batch`); returns each
+    publication's block. The epochs' :attr:`EpochKey.records` are sealed here.
+
+    An edge replica verifies the signature once (its seal cache) for every publication
+    and root share of the pass; a lone publication that opens no epoch keeps a plain
+    signature (no Merkle path to carry)."""
+    pk = public_key_to_bytes(signer.public_key)
+    if len(pending) == 1 and not pending[0].opens:
+        (one,) = pending
+        sig = signer.sign(one.statement)
+        return [SecBlock(pk=pk, sig=sig, vn=one.epoch.vn, epoch=one.epoch.first_seq)]
+    opening = [p.epoch for p in pending if p.opens]
+    certs, seals = seal_batch(
+        [epoch._unsealed[0].certs[-1] for epoch in opening],
+        signer,
+        [p.statement for p in pending],
+    )
+    for epoch, cert in zip(opening, certs, strict=True):
+        epoch.records, epoch._unsealed = with_root_cert(epoch._unsealed, cert), []
+    return [
+        SecBlock(
             pk=pk,
-            sig=content.signature,
-            vn=self.vn,
-            epoch=self.first_seq,
-            seal=(content.position, content.size, content.proof),
+            sig=seal.signature,
+            vn=p.epoch.vn,
+            epoch=p.epoch.first_seq,
+            seal=(seal.position, seal.size, seal.proof),
         )
+        for p, seal in zip(pending, seals, strict=True)
+    ]
 
 
 def signed_id(publisher: str, seq: int, vn: str, epoch: int) -> bytes:

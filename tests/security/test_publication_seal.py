@@ -22,7 +22,14 @@ from security.propagation import (
     statement_sealed,
     unpack_record,
 )
-from security.publication import EpochKey, SecBlock, publication_id, signature_valid, signed_id
+from security.publication import (
+    EpochKey,
+    SecBlock,
+    publication_id,
+    sign_pass,
+    signature_valid,
+    signed_id,
+)
 
 ATTRS = {"class": "stock", "symbol": "ACME"}
 PUBLISHER = Signer.generate("pub-1")
@@ -110,3 +117,34 @@ def test_seal_batch_gives_every_extra_statement_a_path_to_the_signed_root() -> N
         assert not statement_sealed(key, "pub-1", statement + b"!", seal, cache)
         assert not statement_sealed(key, "pub-2", statement, seal, cache)
     assert cache.verified == 1 + 3 + 3  # the root once; each forgery tried and refused
+
+
+def test_a_pass_of_publications_and_the_root_splits_they_open_share_one_signature() -> None:
+    first = EpochKey.start(PUBLISHER, 20, "b0", 3)
+    pending = [first.prepare(PUBLISHER, 20, ATTRS, b"a"), first.prepare(PUBLISHER, 21, ATTRS, b"b")]
+    second = EpochKey.start(PUBLISHER, 22, "b0", 3)
+    pending.append(second.prepare(PUBLISHER, 22, ATTRS, b"c"))
+    assert [p.opens for p in pending] == [True, False, True]
+    secs = sign_pass(PUBLISHER, pending)
+    assert len({sec.sig for sec in secs}) == 1
+    cache = SealCache()
+    key = PUBLISHER.public_key
+    for seq, p, sec in zip((20, 21, 22), pending, secs, strict=True):
+        assert sec.seal is not None
+        assert sec.epoch == (22 if seq == 22 else 20)
+        assert signature_valid("pub-1", seq, ATTRS, p.sealed, sec)
+        position, count, proof = sec.seal
+        assert statement_sealed(
+            key, "pub-1", p.statement, Seal(sec.sig, position, count, proof), cache
+        )
+    assert cache.verified == 1
+    replicas = tuple(Member(f"b0.{i}", Signer.generate(f"b0.{i}").public_key) for i in range(3))
+    verifier = ChainVerifier(PathView(Member("pub-1", key), (replicas,)), seals="last", cache=cache)
+    for epoch, seq in ((first, 20), (second, 22)):
+        assert len(epoch.records) == 3
+        for record in epoch.records:
+            assert verifier.record_problem(record, publication_id("pub-1", seq)) is None
+    assert cache.verified == 1  # both root splits were in the verified batch
+    # A publication of the pass cannot be moved to another seq or epoch.
+    assert not signature_valid("pub-1", 21, ATTRS, pending[2].sealed, secs[2])
+    assert not signature_valid("pub-1", 21, ATTRS, pending[1].sealed, replace(secs[1], epoch=22))
