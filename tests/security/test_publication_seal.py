@@ -23,6 +23,7 @@ from security.propagation import (
     unpack_record,
 )
 from security.publication import (
+    SIGNED_TOGETHER,
     EpochKey,
     SecBlock,
     publication_id,
@@ -148,3 +149,14 @@ def test_a_pass_of_publications_and_the_root_splits_they_open_share_one_signatur
     # A publication of the pass cannot be moved to another seq or epoch.
     assert not signature_valid("pub-1", 21, ATTRS, pending[2].sealed, secs[2])
     assert not signature_valid("pub-1", 21, ATTRS, pending[1].sealed, replace(secs[1], epoch=22))
+
+
+def test_a_long_pass_is_signed_in_bounded_batches_so_merkle_paths_stay_short() -> None:
+    epoch = EpochKey.start(PUBLISHER, 100, "b0", 3)
+    n = 3 * SIGNED_TOGETHER + 1
+    pending = [epoch.prepare(PUBLISHER, 100 + i, ATTRS, b"x") for i in range(n)]
+    secs = sign_pass(PUBLISHER, pending)
+    assert len({sec.sig for sec in secs}) == 4
+    assert max(len(sec.seal[2]) for sec in secs if sec.seal is not None) <= 4
+    for i, (p, sec) in enumerate(zip(pending, secs, strict=True)):
+        assert signature_valid("pub-1", 100 + i, ATTRS, p.sealed, sec)
