@@ -572,6 +572,8 @@ class Client:
         self._assemblies: OrderedDict[tuple[str, int], KeyAssembly] = OrderedDict()
         # epochs whose shares arrived in the current read (tried once it is decoded)
         self._arrived: dict[tuple[str, int], KeyAssembly] = {}
+        # epochs to audit once this pass's deliveries are out (:meth:`_audit_soon`)
+        self._audits: dict[tuple[str, int], KeyAssembly] = {}
         # (publisher, epoch, path) -> shares checked after the key was recovered
         self._late_audits: dict[tuple[str, int, tuple[str, ...]], int] = {}
         if key_refresh < 1:
@@ -1207,10 +1209,28 @@ class Client:
             return
         for assembly in arrived.values():
             had_key = assembly.key is not None
-            assembly.recover(self.manifest, self.vn)
+            assembly.recover(self.manifest, self.vn, audit=False)
             if assembly.key is not None and not had_key:
                 for sub in list(self._subscriptions.values()):
                     sub._flush(assembly.publisher)
+            self._audit_soon(assembly)
+
+    def _audit_soon(self, assembly: KeyAssembly) -> None:
+        """Audit ``assembly`` (every seal, blame) in a later loop iteration: deliveries its
+        key opened are handed out first, the signature checks come after them."""
+        if assembly.key is None:
+            return  # no key yet: recover() ran the verified pass itself
+        if not self._audits:
+            asyncio.get_running_loop().call_soon(self._run_audits)
+        self._audits[assembly.publisher, assembly.seq] = assembly
+
+    def _run_audits(self) -> None:
+        audits, self._audits = self._audits, {}
+        manifest, vn = self.manifest, self.vn
+        if manifest is None or vn is None:
+            return
+        for assembly in audits.values():
+            assembly.recover(manifest, vn)
 
     def _refresh_manifest(self) -> None:
         """Load the manifest file again if it changed (a new membership version): shares
@@ -1244,7 +1264,8 @@ class Client:
         assembly = self._assembly(delivery.publisher, delivery.sec.epoch)
         if assembly.sec is None:
             assembly.sec = delivery.sec
-        assembly.recover(self.manifest, self.vn)
+        assembly.recover(self.manifest, self.vn, audit=False)
+        self._audit_soon(assembly)
         return assembly.open(delivery.seq, delivery.attrs, delivery.payload)
 
     def share_culprits(self) -> set[str]:
