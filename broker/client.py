@@ -77,10 +77,10 @@ from security.envelope import Signer
 from security.paths import KeyAssembly
 from security.propagation import (
     ChainVerifier,
+    LinkCertsIn,
     PropagationError,
     pack_record,
     reconstruct,
-    unpack_batch,
     unpack_record,
 )
 from security.publication import EpochKey, SecBlock, Unsigned, publication_id, sign_pass
@@ -169,6 +169,8 @@ class _Link(asyncio.Protocol):
         self.broker_id = "?"
         self.replica = index
         self.decoder = FrameDecoder(max_frame=64 * 1024 * 1024)
+        # certificate ids this connection's SHARES frames carried (one per connection)
+        self.certs = LinkCertsIn()
         self.transport: asyncio.Transport | None = None
         self.welcome: asyncio.Future[Welcome] = asyncio.get_running_loop().create_future()
         self.lost: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
@@ -1182,7 +1184,7 @@ class Client:
 
     def _shares_arrived(self, link: _Link, msg: Shares) -> None:
         """A SHARES frame: the key shares one replica relayed in one pass."""
-        for publisher, seq, record in unpack_batch(msg.certs, msg.entries):
+        for publisher, seq, record in link.certs.unpack(msg.base, msg.certs, msg.entries):
             if isinstance(record, PropagationError):
                 log.warning("malformed key share from broker %s: %s", link.broker_id, record)
                 continue

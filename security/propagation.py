@@ -63,12 +63,15 @@ from security.errors import IntegrityError
 
 __all__ = [
     "BATCH_RECORDS",
+    "CERT_WINDOW",
     "SALT_SIZE",
     "BatchEntry",
     "Blame",
     "CertBatch",
     "ChainVerifier",
     "Fault",
+    "LinkCertsIn",
+    "LinkCertsOut",
     "Member",
     "PathView",
     "PropagationError",
@@ -1205,63 +1208,119 @@ BatchEntry = tuple[str, int, bytes, Lineage, tuple[int, ...], bytes, bytes]
 """A record in a batch: publisher, seq, pub_id, lineage, certificate indices, salt, data."""
 
 
+CERT_WINDOW = 4096
+"""Certificates a link remembers: a sender names one it sent among its last
+:data:`CERT_WINDOW` by id instead of sending it again; the receiver keeps at least the last
+2 x :data:`CERT_WINDOW`, so every id a sender may reuse is still known at the other end."""
+
+_FRAME_CERTS = 512  # new certificates per frame at most (keeps id growth per frame small)
+
+
+class LinkCertsOut:
+    """A sender's side of one link's certificate ids (one per connection: TCP keeps the
+    frames in order, so both ends number the certificates alike, from 0)."""
+
+    def __init__(self) -> None:
+        self.next_id = 0
+        self._ids: dict[SplitCert, int] = {}
+
+    def frames(
+        self, items: Iterable[tuple[str, int, ShareRecord]]
+    ) -> list[tuple[int, list[bytes], list[BatchEntry]]]:
+        """The records of one pass for this link as (base id, new certificates, entries)
+        per frame: a certificate the link carried recently is named by its id, a new one
+        travels once and takes the next id."""
+        frames: list[tuple[int, list[bytes], list[BatchEntry]]] = []
+        ids = self._ids
+        base = self.next_id
+        table: list[bytes] = []
+        entries: list[BatchEntry] = []
+        for publisher, seq, record in items:
+            if len(entries) >= BATCH_RECORDS or len(table) >= _FRAME_CERTS:
+                frames.append((base, table, entries))
+                base, table, entries = self.next_id, [], []
+            refs = []
+            for cert in record.certs:
+                i = ids.get(cert)
+                if i is None or i < self.next_id - CERT_WINDOW:
+                    i = ids[cert] = self.next_id
+                    self.next_id += 1
+                    table.append(_pack_cert(cert))
+                refs.append(i)
+            entries.append(
+                (
+                    publisher,
+                    seq,
+                    record.pub_id,
+                    record.lineage,
+                    tuple(refs),
+                    record.salt,
+                    record.data,
+                )
+            )
+        if entries:
+            frames.append((base, table, entries))
+        if len(ids) > 2 * CERT_WINDOW:
+            floor = self.next_id - CERT_WINDOW
+            self._ids = {c: i for c, i in ids.items() if i >= floor}
+        return frames
+
+
+class LinkCertsIn:
+    """A receiver's side of one link's certificate ids (:class:`LinkCertsOut`)."""
+
+    def __init__(self) -> None:
+        self.next_id = 0
+        self._table: dict[int, SplitCert | PropagationError] = {}
+
+    def unpack(
+        self, base: int, certs: Sequence[bytes], entries: Iterable[BatchEntry]
+    ) -> list[tuple[str, int, ShareRecord | PropagationError]]:
+        """Parse a SHARES frame: (publisher, seq, record) per entry, or why the entry is
+        malformed (a garbled certificate, or an id the link never carried, spoils only
+        the entries that name it). Base 0 starts the numbering anew (a new connection)."""
+        table = self._table
+        if base == 0:
+            table.clear()
+        for n, raw in enumerate(certs):
+            try:
+                table[base + n] = _unpack_cert(raw)
+            except (ValueError, TypeError, msgpack.UnpackException) as exc:
+                table[base + n] = PropagationError(f"malformed certificate: {exc}")
+        self.next_id = base + len(certs)
+        if len(table) > 3 * CERT_WINDOW:
+            floor = self.next_id - 2 * CERT_WINDOW
+            self._table = table = {i: c for i, c in table.items() if i >= floor}
+        out: list[tuple[str, int, ShareRecord | PropagationError]] = []
+        for publisher, seq, pub_id, lineage, refs, salt, data in entries:
+            chain: list[SplitCert] = []
+            problem: PropagationError | None = None
+            for i in refs:
+                cert = table.get(i) or PropagationError(f"no certificate {i} on this link")
+                if isinstance(cert, PropagationError):
+                    problem = cert
+                    break
+                chain.append(cert)
+            if problem is not None:
+                out.append((publisher, seq, problem))
+            else:
+                out.append((publisher, seq, ShareRecord(pub_id, lineage, tuple(chain), salt, data)))
+        return out
+
+
 def pack_batch(
     items: Iterable[tuple[str, int, ShareRecord]],
 ) -> list[tuple[list[bytes], list[BatchEntry]]]:
-    """The records one sender sends one receiver in a pass, as (certificate table, entries)
-    per frame of at most :data:`BATCH_RECORDS` records: each certificate is packed once per
-    frame and named by its index, instead of travelling (and being parsed) with every
-    record below its split."""
-    frames: list[tuple[list[bytes], list[BatchEntry]]] = []
-    table: list[bytes] = []
-    index: dict[SplitCert, int] = {}
-    entries: list[BatchEntry] = []
-    for publisher, seq, record in items:
-        if len(entries) >= BATCH_RECORDS:
-            frames.append((table, entries))
-            table, index, entries = [], {}, []
-        refs = []
-        for cert in record.certs:
-            i = index.get(cert)
-            if i is None:
-                i = index[cert] = len(table)
-                table.append(_pack_cert(cert))
-            refs.append(i)
-        entries.append(
-            (publisher, seq, record.pub_id, record.lineage, tuple(refs), record.salt, record.data)
-        )
-    if entries:
-        frames.append((table, entries))
-    return frames
+    """One pass's records on a fresh link (:class:`LinkCertsOut`): (certificate table,
+    entries) per frame, each certificate once."""
+    return [(table, entries) for _, table, entries in LinkCertsOut().frames(items)]
 
 
 def unpack_batch(
     certs: Sequence[bytes], entries: Iterable[BatchEntry]
 ) -> list[tuple[str, int, ShareRecord | PropagationError]]:
-    """Parse a batch frame: (publisher, seq, record) per entry, or the error that makes
-    an entry malformed (a bad certificate spoils only the entries that name it). Structure
-    only: verify with :class:`ShareInbox`."""
-    parsed: list[SplitCert | PropagationError] = []
-    for raw in certs:
-        try:
-            parsed.append(_unpack_cert(raw))
-        except (ValueError, TypeError, msgpack.UnpackException) as exc:
-            parsed.append(PropagationError(f"malformed certificate: {exc}"))
-    out: list[tuple[str, int, ShareRecord | PropagationError]] = []
-    for publisher, seq, pub_id, lineage, refs, salt, data in entries:
-        chain: list[SplitCert] = []
-        problem: PropagationError | None = None
-        for i in refs:
-            cert = parsed[i] if 0 <= i < len(parsed) else PropagationError("no such certificate")
-            if isinstance(cert, PropagationError):
-                problem = cert
-                break
-            chain.append(cert)
-        if problem is not None:
-            out.append((publisher, seq, problem))
-        else:
-            out.append((publisher, seq, ShareRecord(pub_id, lineage, tuple(chain), salt, data)))
-    return out
+    """Parse the first frame of a fresh link (:class:`LinkCertsIn`)."""
+    return LinkCertsIn().unpack(0, certs, entries)
 
 
 def _ints(value: object) -> Lineage:

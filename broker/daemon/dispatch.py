@@ -376,7 +376,7 @@ class Connection(asyncio.Protocol):
             return
         if type(msg) is Shares:
             assert self.peer_id is not None
-            broker.shares.batch_arrived(msg, self.peer_id)
+            broker.shares.batch_arrived(msg, self.peer_id, self)
             return
         if type(msg) is Share:
             broker.shares.share_arrived(msg.publisher, msg.seq, msg.record, self.peer_id)

@@ -44,13 +44,13 @@ from security.envelope import Signer, private_key_from_bytes
 from security.paths import PathVote, claimed_path, path_view
 from security.propagation import (
     CertBatch,
+    LinkCertsIn,
+    LinkCertsOut,
     PropagationError,
     ShareInbox,
     ShareRecord,
-    pack_batch,
     silent_senders,
     threshold_for,
-    unpack_batch,
     unpack_record,
 )
 from security.publication import SecBlock, publication_id, signature_valid
@@ -119,6 +119,10 @@ class SecureForwarding:
         # in SHARES frames at the end of the pass.
         self.batch = CertBatch(self.signer) if self.signer is not None else None
         self._outbox: list[tuple[Member | Hop, str, int, ShareRecord]] = []
+        # Certificate ids per connection, out and in (ids number what one connection
+        # carried: a late frame of a closed connection must not read a new one's ids).
+        self._certs_out: dict[Member | Hop, LinkCertsOut] = {}
+        self._certs_in: dict[Member, LinkCertsIn] = {}
         self._flushing = False
         # (deadline, epoch) in routing order: when to judge who stayed silent; and who sent
         # anything at all for an epoch (on whatever path it claimed).
@@ -239,10 +243,16 @@ class SecureForwarding:
                 for record in held:
                     self._send(hop, publisher, epoch, record)
 
-    def batch_arrived(self, msg: Shares, sender: str) -> None:
-        """A SHARES frame from ``sender``: every share in it, in order (a malformed entry
-        is blamed on the sender like a malformed SHARE)."""
-        for publisher, epoch, record in unpack_batch(msg.certs, msg.entries):
+    def batch_arrived(self, msg: Shares, sender: str, conn: Member) -> None:
+        """A SHARES frame from ``sender`` over ``conn``: every share in it, in order (a
+        malformed entry is blamed on the sender like a malformed SHARE)."""
+        links = self._certs_in
+        link = links.get(conn)
+        if link is None:
+            link = links[conn] = LinkCertsIn()
+            for gone in [c for c in links if c.closing]:
+                del links[gone]
+        for publisher, epoch, record in link.unpack(msg.base, msg.certs, msg.entries):
             self.share_arrived(publisher, epoch, record, sender)
 
     def share_arrived(
@@ -437,9 +447,15 @@ class SecureForwarding:
             if cert is not None:
                 stats.shares_forwarded += 1
         written: dict[Member | Hop, None] = {}
+        links = self._certs_out
         for conn, items in per_conn.items():
-            for certs, entries in pack_batch(items):
-                conn.send(Shares(certs, entries))
+            link = links.get(conn)
+            if link is None:
+                link = links[conn] = LinkCertsOut()
+                for gone in [c for c in links if c.closing]:
+                    del links[gone]
+            for base, certs, entries in link.frames(items):
+                conn.send(Shares(base, certs, entries))
             written[conn] = None
         if not write:
             return

@@ -26,9 +26,11 @@ Layouts (``rid`` is a request id the broker echoes in ACK/ERROR; 0 asks for no A
 
     SHARE        [16, publisher, seq, record]                (key share, to broker or client)
     RECONF       [17, op, data]                              (live reconfiguration)
-    SHARES       [19, [cert, ...], [[publisher, seq, pub_id, lineage, [i, ...], salt, data], ...]]
-                 (key shares of one pass from one sender: each certificate once per frame,
-                 referenced by its index in the first list)
+    SHARES       [19, base, [cert, ...], [entry, ...]]
+                 entry: [publisher, seq, pub_id, lineage, [cert id, ...], salt, data]
+                 (key shares of one pass from one sender; the new certificates take link-wide
+                 ids base, base + 1, ...; entries name theirs by id, also ones the link
+                 carried in earlier frames; base 0 starts the numbering of a new connection)
 
 ``sec`` is nil for a plain publication. For a confidential one the payload is AES-GCM
 ciphertext and ``sec`` is a map: ``pk`` (publisher's Ed25519 key), ``sig`` (its signature),
@@ -202,18 +204,20 @@ class Share:
 
 
 ShareEntry = tuple[str, int, bytes, tuple[int, ...], tuple[int, ...], bytes, bytes]
-"""One share in a SHARES frame: publisher, seq (the key epoch), pub_id, lineage, indices
-of its certificates (root split first) in the frame's table, salt, data."""
+"""One share in a SHARES frame: publisher, seq (the key epoch), pub_id, lineage, link ids
+of its certificates (root split first), salt, data."""
 
 
 @dataclass(slots=True)
 class Shares:
     """Key shares one sender made or relayed in one event-loop pass, for one receiver.
 
-    ``certs`` holds each packed split certificate once; entries name theirs by index, so
-    a certificate shared by many records (every record below a split carries it) travels
-    and is parsed once per frame instead of once per record."""
+    ``certs`` holds the packed split certificates new to the link, numbered from ``base``;
+    entries name theirs by link id, so a certificate shared by many records (every record
+    below a split carries it) travels and is parsed once per link instead of once per
+    record (:class:`security.propagation.LinkCertsOut`)."""
 
+    base: int
     certs: list[bytes]
     entries: list[ShareEntry]
 
@@ -322,8 +326,8 @@ def to_wire(msg: Message) -> list[Any]:
             return [MsgType.RECONF, op, data]
         case Sync(token, done):
             return [MsgType.SYNC, token, done]
-        case Shares(certs, entries):
-            return [MsgType.SHARES, certs, entries]
+        case Shares(base, certs, entries):
+            return [MsgType.SHARES, base, certs, entries]
     raise TypeError(f"not a protocol message: {msg!r}")
 
 
@@ -464,7 +468,7 @@ _LAYOUTS: dict[MsgType, tuple[str, ...]] = {
     MsgType.SHARE: ("publisher", "seq", "record"),
     MsgType.RECONF: ("op", "data"),
     MsgType.SYNC: ("token", "done"),
-    MsgType.SHARES: ("certs", "entries"),
+    MsgType.SHARES: ("base", "certs", "entries"),
 }
 
 
@@ -654,12 +658,12 @@ def _build_share(name: str, raw: list[Any]) -> Share:
 
 
 def _build_shares(name: str, raw: list[Any]) -> Shares:
-    certs, entries = raw[1], raw[2]
+    base = _uint(name, "base", raw[1])
+    certs, entries = raw[2], raw[3]
     if not isinstance(certs, list) or not all(type(c) is bytes and c for c in certs):
         raise InvalidRequest(f"{name} field 'certs' must be an array of non-empty binaries")
     if not isinstance(entries, list) or not entries:
         raise InvalidRequest(f"{name} field 'entries' must be a non-empty array")
-    n = len(certs)
     out: list[ShareEntry] = []
     for entry in entries:
         if not isinstance(entry, list) or len(entry) != 7:
@@ -669,8 +673,8 @@ def _build_shares(name: str, raw: list[Any]) -> Shares:
             raise InvalidRequest(f"{name} entry pub_id, salt and data must be binary")
         if not isinstance(lineage, list) or not all(type(i) is int for i in lineage):
             raise InvalidRequest(f"{name} entry lineage must be an array of integers")
-        if not isinstance(refs, list) or not all(type(i) is int and 0 <= i < n for i in refs):
-            raise InvalidRequest(f"{name} entry certificate indices must index 'certs'")
+        if not isinstance(refs, list) or not all(type(i) is int and i >= 0 for i in refs):
+            raise InvalidRequest(f"{name} entry certificate ids must be non-negative integers")
         out.append(
             (
                 _ident(name, "publisher", publisher),
@@ -682,7 +686,7 @@ def _build_shares(name: str, raw: list[Any]) -> Shares:
                 data,
             )
         )
-    return Shares(certs, out)
+    return Shares(base, certs, out)
 
 
 def _sec(name: str, value: object) -> SecBlock | None:

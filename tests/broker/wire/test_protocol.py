@@ -57,6 +57,7 @@ EXAMPLES = [
         SecBlock(b"k" * 32, b"s" * 64, "b0", 3, b"share", (1, 2, (b"h" * 32,))),
     ),
     Shares(
+        7,
         [b"cert-a", b"cert-b"],
         [
             ("c1", 4, b"c1/4", (0,), (0,), b"s" * 16, b"data"),
@@ -159,13 +160,14 @@ def test_a_security_block_with_an_unknown_key_is_refused_naming_it() -> None:
 @pytest.mark.parametrize(
     ("body", "why"),
     [
-        ([19, [b"c"], []], "'entries' must be a non-empty array"),
-        ([19, [1], [["c1", 1, b"p", [0], [0], b"s", b"d"]]], "'certs' must be an array"),
-        ([19, [b"c"], [["c1", 1, b"p", [0], [1], b"s", b"d"]]], "must index 'certs'"),
-        ([19, [b"c"], [["c1", 1, b"p", [0], [-1], b"s", b"d"]]], "must index 'certs'"),
-        ([19, [b"c"], [["c1", 1, b"p", ["x"], [0], b"s", b"d"]]], "lineage"),
-        ([19, [b"c"], [["c1", 1, "p", [0], [0], b"s", b"d"]]], "must be binary"),
-        ([19, [b"c"], [["c1", 1, b"p", [0], [0], b"s"]]], "7-element"),
+        ([19, 0, [b"c"], []], "'entries' must be a non-empty array"),
+        ([19, 0, [1], [["c1", 1, b"p", [0], [0], b"s", b"d"]]], "'certs' must be an array"),
+        ([19, -1, [b"c"], [["c1", 1, b"p", [0], [0], b"s", b"d"]]], "'base' must be an unsigned"),
+        ([19, 0, [b"c"], [["c1", 1, b"p", [0], [-1], b"s", b"d"]]], "ids must be non-negative"),
+        ([19, 0, [b"c"], [["c1", 1, b"p", [0], ["x"], b"s", b"d"]]], "ids must be non-negative"),
+        ([19, 0, [b"c"], [["c1", 1, b"p", ["x"], [0], b"s", b"d"]]], "lineage"),
+        ([19, 0, [b"c"], [["c1", 1, "p", [0], [0], b"s", b"d"]]], "must be binary"),
+        ([19, 0, [b"c"], [["c1", 1, b"p", [0], [0], b"s"]]], "7-element"),
     ],
 )
 def test_a_malformed_shares_frame_is_refused_naming_the_field(body: list, why: str) -> None:
