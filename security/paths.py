@@ -239,10 +239,12 @@ class KeyAssembly:
         share has arrived, an audit verifies every seal (each batch root once per process)
         and attributes every bad share, even if the key came earlier.
         """
+        if path.audited:
+            return  # (checked first: the subscriber tries each epoch on every pass)
         shares = path.shares
         view = path.view
         total = _expected_leaves(shares, view.depth)
-        if path.audited or (self.key is not None and (total is None or len(shares) < total)):
+        if self.key is not None and (total is None or len(shares) < total):
             return
         needed = math.prod(threshold_for(min(rs)) for rs in view.sizes)
         if len(shares) < needed:
