@@ -634,6 +634,12 @@ def pipeline_breakdown(pubs: int = 60, per_pass: int = 20) -> dict[str, dict[str
             vn = broker_id.rpartition(".")[0]
             return vn if vn in self.members else None
 
+        def slots(self, vn: str) -> tuple[str, ...]:
+            return self.members[vn]
+
+        def schemes(self, vn: str) -> frozenset[int]:
+            return frozenset({len(self.members[vn])})
+
     manifest = Manifest()
     from security.paths import path_view
 

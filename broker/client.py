@@ -63,6 +63,7 @@ from broker.wire.protocol import (
     Publish,
     Role,
     Share,
+    Shares,
     Subscribe,
     Unadvertise,
     Unsubscribe,
@@ -76,12 +77,13 @@ from security.envelope import Signer
 from security.paths import KeyAssembly
 from security.propagation import (
     ChainVerifier,
+    LinkCertsIn,
     PropagationError,
     pack_record,
     reconstruct,
     unpack_record,
 )
-from security.publication import EpochKey, SecBlock, publication_id
+from security.publication import EpochKey, SecBlock, Unsigned, publication_id, sign_pass
 from security.tls import client_context, describe_tls_error
 
 __all__ = ["Client", "Delivery", "Status", "Subscription", "parse_endpoint"]
@@ -167,6 +169,8 @@ class _Link(asyncio.Protocol):
         self.broker_id = "?"
         self.replica = index
         self.decoder = FrameDecoder(max_frame=64 * 1024 * 1024)
+        # certificate ids this connection's SHARES frames carried (one per connection)
+        self.certs = LinkCertsIn()
         self.transport: asyncio.Transport | None = None
         self.welcome: asyncio.Future[Welcome] = asyncio.get_running_loop().create_future()
         self.lost: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
@@ -570,6 +574,8 @@ class Client:
         self._assemblies: OrderedDict[tuple[str, int], KeyAssembly] = OrderedDict()
         # epochs whose shares arrived in the current read (tried once it is decoded)
         self._arrived: dict[tuple[str, int], KeyAssembly] = {}
+        # epochs to audit once this pass's deliveries are out (:meth:`_audit_soon`)
+        self._audits: dict[tuple[str, int], KeyAssembly] = {}
         # (publisher, epoch, path) -> shares checked after the key was recovered
         self._late_audits: dict[tuple[str, int, tuple[str, ...]], int] = {}
         if key_refresh < 1:
@@ -577,6 +583,8 @@ class Client:
         self.key_refresh = key_refresh
         self.key_refresh_seconds = key_refresh_seconds
         self._epoch: EpochKey | None = None
+        # confidential publications of this pass (ack=False), signed together at its end
+        self._unsigned: list[tuple[int, dict[str, Value], Unsigned]] = []
         self.copy_patience = copy_patience
         self.hello_options = dict(hello_options or {})
         self.copy_blames: dict[str, int] = {}
@@ -699,6 +707,7 @@ class Client:
 
     async def close(self) -> None:
         """Close the connections now; queued deliveries stay readable."""
+        self._sign_pending()
         self._status = Status.CLOSED
         await self._stop_supervisors()
         links, self._links = list(self._links.values()), {}
@@ -790,6 +799,7 @@ class Client:
         if confidential:
             await self._publish_confidential(seq, attrs, payload, ack)
             return seq
+        self._sign_pending()  # confidential ones queued before this go first
         if ack:
             await self._request(lambda rid: Publish(rid, seq, attrs, payload))
             return seq
@@ -810,23 +820,52 @@ class Client:
         if self._status is not Status.CONNECTED:
             await self._wait_connected()
         assert self.vn is not None
+        if not ack:
+            await self._writable_links()  # flow control before queueing, as for plain
         epoch = self._epoch
         if epoch is None or epoch.expired(self.key_refresh, self.key_refresh_seconds):
             epoch = self._epoch = EpochKey.start(self.signer, seq, self.vn, self.vn_size)
-        sealed, sec = epoch.seal(self.signer, seq, attrs, payload)
-        opens_epoch = seq == epoch.first_seq
+        unsigned = epoch.prepare(self.signer, seq, attrs, payload)
+        if not ack:
+            # Signed with the rest of this pass (one signature, verified once per edge
+            # replica) and sent at its end, before anything else this client sends.
+            if not self._unsigned:
+                asyncio.get_running_loop().call_soon(self._sign_pending)
+            self._unsigned.append((seq, attrs, unsigned))
+            return
+        self._sign_pending()
+        (sec,) = sign_pass(self.signer, [unsigned])
+        await self._request_per_link(
+            lambda rid, link: self._confidential_publish(rid, seq, attrs, unsigned, sec, link)
+        )
 
-        def make(rid: int, link: _Link) -> Publish:
-            if not opens_epoch:
-                return Publish(rid, seq, attrs, sealed, sec)
-            share = pack_record(epoch.records[link.replica])
-            return Publish(rid, seq, attrs, sealed, sec.with_share(share))
+    def _confidential_publish(
+        self,
+        rid: int,
+        seq: int,
+        attrs: dict[str, Value],
+        unsigned: Unsigned,
+        sec: SecBlock,
+        link: _Link,
+    ) -> Publish:
+        """The PUBLISH one replica is sent: with its share when the publication opens its
+        key epoch."""
+        if not unsigned.opens:
+            return Publish(rid, seq, attrs, unsigned.sealed, sec)
+        share = pack_record(unsigned.epoch.records[link.replica])
+        return Publish(rid, seq, attrs, unsigned.sealed, sec.with_share(share))
 
-        if ack:
-            await self._request_per_link(make)
-        else:
-            for link in await self._writable_links():
-                link.send(make(0, link))
+    def _sign_pending(self) -> None:
+        """Sign the confidential publications queued in this pass and send them, in order."""
+        pending, self._unsigned = self._unsigned, []
+        if not pending:
+            return
+        secs = sign_pass(self.signer, [unsigned for _, _, unsigned in pending])
+        links = list(self._links.values())
+        for (seq, attrs, unsigned), sec in zip(pending, secs, strict=True):
+            for link in links:
+                with contextlib.suppress(ConnectionLost):
+                    link.send(self._confidential_publish(0, seq, attrs, unsigned, sec, link))
 
     def subscribe(self, flt: str | Filter, *, queue_size: int | None = None) -> Subscription:
         """A subscription to use as ``async with client.subscribe("...") as sub``.
@@ -920,6 +959,7 @@ class Client:
     ) -> None:
         """Send the requests; return once ``needed`` links acknowledged."""
         timeout = self.request_timeout if timeout is None else timeout
+        self._sign_pending()  # publications queued before this request go first
         pending = _Pending(needed, {link.index for link, _ in requests})
         self._pending[rid] = pending
         try:
@@ -1142,6 +1182,16 @@ class Client:
             self.copy_blames[broker] = self.copy_blames.get(broker, 0) + 1
             log.warning("publication seq %d from broker %s: %s", blame.seq, broker, blame.why)
 
+    def _shares_arrived(self, link: _Link, msg: Shares) -> None:
+        """A SHARES frame: the key shares one replica relayed in one pass."""
+        for publisher, seq, record in link.certs.unpack(msg.base, msg.certs, msg.entries):
+            if isinstance(record, PropagationError):
+                log.warning("malformed key share from broker %s: %s", link.broker_id, record)
+                continue
+            assembly = self._assembly(publisher, seq)
+            assembly.add(link.broker_id, record)
+            self._arrived[publisher, seq] = assembly
+
     def _share_arrived(self, link: _Link, msg: Share) -> None:
         try:
             record = unpack_record(msg.record)
@@ -1161,10 +1211,28 @@ class Client:
             return
         for assembly in arrived.values():
             had_key = assembly.key is not None
-            assembly.recover(self.manifest, self.vn)
+            assembly.recover(self.manifest, self.vn, audit=False)
             if assembly.key is not None and not had_key:
                 for sub in list(self._subscriptions.values()):
                     sub._flush(assembly.publisher)
+            self._audit_soon(assembly)
+
+    def _audit_soon(self, assembly: KeyAssembly) -> None:
+        """Audit ``assembly`` (every seal, blame) in a later loop iteration: deliveries its
+        key opened are handed out first, the signature checks come after them."""
+        if assembly.key is None:
+            return  # no key yet: recover() ran the verified pass itself
+        if not self._audits:
+            asyncio.get_running_loop().call_soon(self._run_audits)
+        self._audits[assembly.publisher, assembly.seq] = assembly
+
+    def _run_audits(self) -> None:
+        audits, self._audits = self._audits, {}
+        manifest, vn = self.manifest, self.vn
+        if manifest is None or vn is None:
+            return
+        for assembly in audits.values():
+            assembly.recover(manifest, vn)
 
     def _refresh_manifest(self) -> None:
         """Load the manifest file again if it changed (a new membership version): shares
@@ -1198,7 +1266,8 @@ class Client:
         assembly = self._assembly(delivery.publisher, delivery.sec.epoch)
         if assembly.sec is None:
             assembly.sec = delivery.sec
-        assembly.recover(self.manifest, self.vn)
+        assembly.recover(self.manifest, self.vn, audit=False)
+        self._audit_soon(assembly)
         return assembly.open(delivery.seq, delivery.attrs, delivery.payload)
 
     def share_culprits(self) -> set[str]:
@@ -1255,6 +1324,9 @@ class Client:
                         link.index,
                         Delivery(msg.attrs, msg.payload, msg.publisher, msg.seq, sid, msg.sec),
                     )
+            return
+        if type(msg) is Shares:
+            self._shares_arrived(link, msg)
             return
         if type(msg) is Share:
             self._share_arrived(link, msg)

@@ -200,9 +200,13 @@ class KeyAssembly:
     def add(self, sender: str, record: ShareRecord) -> None:
         self.shares.append((sender, record))
 
-    def recover(self, manifest: Membership, holder_vn: str) -> bytes | None:
+    def recover(self, manifest: Membership, holder_vn: str, *, audit: bool = True) -> bytes | None:
         """Sort new shares by the path they claim, then try every path a majority of the
-        edge VN vouches for; the key once one of them reconstructs it."""
+        edge VN vouches for; the key once one of them reconstructs it.
+
+        ``audit=False``: skip the audit of a complete path once the key is known (the
+        caller runs it later, e.g. after handing out the deliveries the key opens, so
+        the audit's signature checks are not on the delivery's critical path)."""
         if self.sec is None:
             return self.key
         if manifest is not self._manifest:
@@ -223,10 +227,10 @@ class KeyAssembly:
                 self.paths[claim] = PathShares(view, self._claims[claim])
         self._classified = len(self.shares)
         for path in self.paths.values():
-            self._try(path)
+            self._try(path, audit=audit)
         return self.key
 
-    def _try(self, path: PathShares) -> None:
+    def _try(self, path: PathShares, *, audit: bool = True) -> None:
         """Reconstruct along one path once enough of its shares are in.
 
         First a quick pass that checks structure, digest links and commitments but no
@@ -235,10 +239,12 @@ class KeyAssembly:
         share has arrived, an audit verifies every seal (each batch root once per process)
         and attributes every bad share, even if the key came earlier.
         """
+        if path.audited:
+            return  # (checked first: the subscriber tries each epoch on every pass)
         shares = path.shares
         view = path.view
         total = _expected_leaves(shares, view.depth)
-        if path.audited or (self.key is not None and (total is None or len(shares) < total)):
+        if self.key is not None and (total is None or len(shares) < total):
             return
         needed = math.prod(threshold_for(min(rs)) for rs in view.sizes)
         if len(shares) < needed:
@@ -257,7 +263,7 @@ class KeyAssembly:
             if quick is not None and quick.key is not None:
                 self.key = quick.key
                 self.tentative = True
-        if self.key is not None and not complete:
+        if self.key is not None and (not complete or not audit):
             return
         # No key from the quick pass (forged certificates can make it ambiguous), or the
         # wait is over: the verified pass.

@@ -62,15 +62,21 @@ from security.envelope import Signer
 from security.errors import IntegrityError
 
 __all__ = [
+    "BATCH_RECORDS",
+    "CERT_WINDOW",
     "SALT_SIZE",
+    "BatchEntry",
     "Blame",
     "CertBatch",
     "ChainVerifier",
     "Fault",
+    "LinkCertsIn",
+    "LinkCertsOut",
     "Member",
     "PathView",
     "PropagationError",
     "Reconstruction",
+    "Seal",
     "SealCache",
     "ShareInbox",
     "ShareRecord",
@@ -80,14 +86,21 @@ __all__ = [
     "confidentiality_free",
     "merkle_fold",
     "merkle_tree",
+    "pack_batch",
     "pack_record",
     "publisher_split",
+    "publisher_split_unsealed",
+    "publisher_split_with",
     "reconstruct",
     "resplit",
+    "seal_batch",
     "seal_certs",
     "silent_senders",
+    "statement_sealed",
     "threshold_for",
+    "unpack_batch",
     "unpack_record",
+    "with_root_cert",
 ]
 
 SALT_SIZE = 16
@@ -218,6 +231,9 @@ class SplitCert:
     # Certificates are dictionary keys in every verifier cache and travel with every share
     # below them: the hash is computed once, not on each lookup.
     _hash: int = field(init=False, repr=False, compare=False)
+    # The statement's canonical bytes, packed on first use: the splitter's seal, a
+    # receiver's seal check and the digest its children name all need them.
+    _signed: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         seal = (self.signature, self.position, self.count, self.proof)
@@ -228,15 +244,37 @@ class SplitCert:
 
     def signed_bytes(self) -> bytes:
         """The canonical msgpack bytes of the statement (a leaf of the batch's Merkle tree)."""
-        return _cert_bytes(
+        signed = self._signed
+        if signed is None:
+            signed = _cert_bytes(
+                self.pub_id,
+                self.node,
+                self.k,
+                self.r,
+                splitter=self.splitter,
+                commitments=self.commitments,
+                parent=self.parent,
+            )
+            object.__setattr__(self, "_signed", signed)
+        return signed
+
+    def sealed_as(self, seal: Seal) -> SplitCert:
+        """This statement under ``seal`` (its packed statement carried over)."""
+        cert = SplitCert(
             self.pub_id,
             self.node,
             self.k,
             self.r,
-            splitter=self.splitter,
-            commitments=self.commitments,
-            parent=self.parent,
+            self.splitter,
+            self.commitments,
+            seal.signature,
+            self.parent,
+            seal.position,
+            seal.size,
+            seal.proof,
         )
+        object.__setattr__(cert, "_signed", self._signed)
+        return cert
 
     @property
     def statement(self) -> tuple[object, ...]:
@@ -335,7 +373,8 @@ def _root_message(splitter: str, count: int, root: bytes) -> bytes:
 
 
 class SealCache:
-    """Batch roots already verified, by (public key, count, root, signature): positives only.
+    """Batch roots already verified, by (public key, signer, count, root, signature):
+    positives only.
 
     Shared by every verifier of a process, so a batch covering many publications is verified
     once, not once per publication or share. Bounded: the oldest entries are dropped.
@@ -343,14 +382,15 @@ class SealCache:
 
     def __init__(self, size: int = 1 << 16) -> None:
         self.size = size
-        self._ok: dict[tuple[bytes, int, bytes, bytes], None] = {}
+        self._ok: dict[tuple[bytes, str, int, bytes, bytes], None] = {}
         self.verified = 0  # Ed25519 verifications actually run (for benchmarks)
 
     def check(
         self, key: Ed25519PublicKey, splitter: str, count: int, root: bytes, sig: bytes
     ) -> bool:
         """Whether ``sig`` is ``splitter``'s signature over the batch root."""
-        entry = (key.public_bytes_raw(), count, root, sig)
+        # The signer's id is part of what was signed: a hit under another id is no proof.
+        entry = (key.public_bytes_raw(), splitter, count, root, sig)
         if entry in self._ok:
             return True
         self.verified += 1
@@ -370,16 +410,60 @@ DEFAULT_SEALS = SealCache()
 _UNSEEN = "unseen"
 
 
-def seal_certs(certs: Sequence[SplitCert], signer: Signer) -> list[SplitCert]:
-    """Seal statements together: one signature over their Merkle root, a path for each."""
+class Seal(NamedTuple):
+    """Where one statement sits in a sealed batch: the batch signature, the statement's
+    position, the batch size (a certificate's ``count``) and its Merkle path."""
+
+    signature: bytes
+    position: int
+    size: int
+    proof: tuple[bytes, ...]
+
+
+def seal_certs(
+    certs: Sequence[SplitCert], signer: Signer, extra: Sequence[bytes] = ()
+) -> list[SplitCert]:
+    """Seal statements together: one signature over their Merkle root, a path for each.
+
+    ``extra``: other statements (canonical bytes, domain-tagged by their own first field)
+    sealed under the same signature after the certificates; :func:`seal_batch` returns
+    their seals too.
+    """
+    return seal_batch(certs, signer, extra)[0]
+
+
+def seal_batch(
+    certs: Sequence[SplitCert], signer: Signer, extra: Sequence[bytes] = ()
+) -> tuple[list[SplitCert], list[Seal]]:
+    """:func:`seal_certs` that also returns the seal of each ``extra`` statement: a
+    publisher seals its root split and the publication that carries it with one signature,
+    and an edge replica verifies that signature once (:class:`SealCache`) for both."""
     leaves = [_leaf_hash(cert.signed_bytes()) for cert in certs]
+    leaves.extend(_leaf_hash(statement) for statement in extra)
     root, proofs = merkle_tree(leaves)
-    count = len(certs)
+    count = len(leaves)
     signature = signer.sign(_root_message(signer.id, count, root))
-    return [
-        replace(cert, signature=signature, position=i, count=count, proof=proofs[i])
-        for i, cert in enumerate(certs)
-    ]
+    sealed = [cert.sealed_as(Seal(signature, i, count, proofs[i])) for i, cert in enumerate(certs)]
+    seals = [Seal(signature, i, count, proofs[i]) for i in range(len(certs), len(leaves))]
+    return sealed, seals
+
+
+def statement_sealed(
+    key: Ed25519PublicKey,
+    signer: str,
+    statement: bytes,
+    seal: Seal,
+    cache: SealCache | None = None,
+) -> bool:
+    """Whether ``statement`` is in a batch ``signer`` sealed (its Merkle path leads to a
+    root the signature covers); the root check goes through ``cache`` (default: the
+    process-wide one), so a batch already verified for a certificate costs no signature."""
+    root = merkle_fold(_leaf_hash(statement), seal.position, seal.size, seal.proof)
+    if root is None:
+        return False
+    return (DEFAULT_SEALS if cache is None else cache).check(
+        key, signer, seal.size, root, seal.signature
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -499,10 +583,35 @@ def publisher_split(key: bytes, k: int, n: int, signer: Signer, pub_id: bytes) -
     Record j goes to replica j. ``k`` must equal ``threshold_for(n)``: any other threshold
     would break either confidentiality or robustness, so it is rejected rather than honoured.
     """
+    records, _ = publisher_split_with(key, k, n, signer, pub_id, ())
+    return records
+
+
+def publisher_split_unsealed(
+    key: bytes, k: int, n: int, signer: str, pub_id: bytes
+) -> list[ShareRecord]:
+    """:func:`publisher_split` with the root certificate not sealed yet: the publisher
+    seals it with the publications of its pass (:func:`seal_batch`) and swaps it in with
+    :func:`with_root_cert`."""
+    _check_scheme(k, n)
+    return _split_node(bytes(key), bytes(pub_id), (), (), k=k, r=n, splitter=signer)
+
+
+def with_root_cert(records: list[ShareRecord], cert: SplitCert) -> list[ShareRecord]:
+    """The records of a split with their (newest) certificate replaced by its sealed form."""
+    return _with_last_cert(records, cert)
+
+
+def publisher_split_with(
+    key: bytes, k: int, n: int, signer: Signer, pub_id: bytes, extra: Sequence[bytes]
+) -> tuple[list[ShareRecord], list[Seal]]:
+    """:func:`publisher_split` sealed under one signature with the ``extra`` statements
+    (the publication that opens the key epoch): one signature instead of two, and one
+    verification at each edge replica."""
     _check_scheme(k, n)
     records = _split_node(bytes(key), bytes(pub_id), (), (), k=k, r=n, splitter=signer.id)
-    (cert,) = seal_certs([records[0].certs[-1]], signer)
-    return _with_last_cert(records, cert)
+    (cert,), seals = seal_batch([records[0].certs[-1]], signer, extra)
+    return _with_last_cert(records, cert), seals
 
 
 def resplit(record: ShareRecord, k_next: int, r_next: int, signer: Signer) -> list[ShareRecord]:
@@ -1089,6 +1198,129 @@ def unpack_record(raw: bytes) -> ShareRecord:
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise PropagationError(f"malformed share record: {exc}") from None
     return record
+
+
+BATCH_RECORDS = 128
+"""Most records in one batch frame: its certificate table stays well under a frame limit
+(a record's chain is at most a few hundred bytes per level)."""
+
+BatchEntry = tuple[str, int, bytes, Lineage, tuple[int, ...], bytes, bytes]
+"""A record in a batch: publisher, seq, pub_id, lineage, certificate indices, salt, data."""
+
+
+CERT_WINDOW = 4096
+"""Certificates a link remembers: a sender names one it sent among its last
+:data:`CERT_WINDOW` by id instead of sending it again; the receiver keeps at least the last
+2 x :data:`CERT_WINDOW`, so every id a sender may reuse is still known at the other end."""
+
+_FRAME_CERTS = 512  # new certificates per frame at most (keeps id growth per frame small)
+
+
+class LinkCertsOut:
+    """A sender's side of one link's certificate ids (one per connection: TCP keeps the
+    frames in order, so both ends number the certificates alike, from 0)."""
+
+    def __init__(self) -> None:
+        self.next_id = 0
+        self._ids: dict[SplitCert, int] = {}
+
+    def frames(
+        self, items: Iterable[tuple[str, int, ShareRecord]]
+    ) -> list[tuple[int, list[bytes], list[BatchEntry]]]:
+        """The records of one pass for this link as (base id, new certificates, entries)
+        per frame: a certificate the link carried recently is named by its id, a new one
+        travels once and takes the next id."""
+        frames: list[tuple[int, list[bytes], list[BatchEntry]]] = []
+        ids = self._ids
+        base = self.next_id
+        table: list[bytes] = []
+        entries: list[BatchEntry] = []
+        for publisher, seq, record in items:
+            if len(entries) >= BATCH_RECORDS or len(table) >= _FRAME_CERTS:
+                frames.append((base, table, entries))
+                base, table, entries = self.next_id, [], []
+            refs = []
+            for cert in record.certs:
+                i = ids.get(cert)
+                if i is None or i < self.next_id - CERT_WINDOW:
+                    i = ids[cert] = self.next_id
+                    self.next_id += 1
+                    table.append(_pack_cert(cert))
+                refs.append(i)
+            entries.append(
+                (
+                    publisher,
+                    seq,
+                    record.pub_id,
+                    record.lineage,
+                    tuple(refs),
+                    record.salt,
+                    record.data,
+                )
+            )
+        if entries:
+            frames.append((base, table, entries))
+        if len(ids) > 2 * CERT_WINDOW:
+            floor = self.next_id - CERT_WINDOW
+            self._ids = {c: i for c, i in ids.items() if i >= floor}
+        return frames
+
+
+class LinkCertsIn:
+    """A receiver's side of one link's certificate ids (:class:`LinkCertsOut`)."""
+
+    def __init__(self) -> None:
+        self.next_id = 0
+        self._table: dict[int, SplitCert | PropagationError] = {}
+
+    def unpack(
+        self, base: int, certs: Sequence[bytes], entries: Iterable[BatchEntry]
+    ) -> list[tuple[str, int, ShareRecord | PropagationError]]:
+        """Parse a SHARES frame: (publisher, seq, record) per entry, or why the entry is
+        malformed (a garbled certificate, or an id the link never carried, spoils only
+        the entries that name it). Base 0 starts the numbering anew (a new connection)."""
+        table = self._table
+        if base == 0:
+            table.clear()
+        for n, raw in enumerate(certs):
+            try:
+                table[base + n] = _unpack_cert(raw)
+            except (ValueError, TypeError, msgpack.UnpackException) as exc:
+                table[base + n] = PropagationError(f"malformed certificate: {exc}")
+        self.next_id = base + len(certs)
+        if len(table) > 3 * CERT_WINDOW:
+            floor = self.next_id - 2 * CERT_WINDOW
+            self._table = table = {i: c for i, c in table.items() if i >= floor}
+        out: list[tuple[str, int, ShareRecord | PropagationError]] = []
+        for publisher, seq, pub_id, lineage, refs, salt, data in entries:
+            chain: list[SplitCert] = []
+            problem: PropagationError | None = None
+            for i in refs:
+                cert = table.get(i) or PropagationError(f"no certificate {i} on this link")
+                if isinstance(cert, PropagationError):
+                    problem = cert
+                    break
+                chain.append(cert)
+            if problem is not None:
+                out.append((publisher, seq, problem))
+            else:
+                out.append((publisher, seq, ShareRecord(pub_id, lineage, tuple(chain), salt, data)))
+        return out
+
+
+def pack_batch(
+    items: Iterable[tuple[str, int, ShareRecord]],
+) -> list[tuple[list[bytes], list[BatchEntry]]]:
+    """One pass's records on a fresh link (:class:`LinkCertsOut`): (certificate table,
+    entries) per frame, each certificate once."""
+    return [(table, entries) for _, table, entries in LinkCertsOut().frames(items)]
+
+
+def unpack_batch(
+    certs: Sequence[bytes], entries: Iterable[BatchEntry]
+) -> list[tuple[str, int, ShareRecord | PropagationError]]:
+    """Parse the first frame of a fresh link (:class:`LinkCertsIn`)."""
+    return LinkCertsIn().unpack(0, certs, entries)
 
 
 def _ints(value: object) -> Lineage:

@@ -79,6 +79,7 @@ from broker.wire.protocol import (
     Reconf,
     Role,
     Share,
+    Shares,
     Subscribe,
     Sync,
     Unadvertise,
@@ -480,6 +481,10 @@ class Connection(asyncio.Protocol):
             peer = self.peer_id
             assert peer is not None
             broker.forwarder.forward(hop, peer, msg)
+            return
+        if type(msg) is Shares:
+            assert self.peer_id is not None
+            broker.shares.batch_arrived(msg, self.peer_id, self)
             return
         if type(msg) is Share:
             broker.shares.share_arrived(msg.publisher, msg.seq, msg.record, self.peer_id)

@@ -33,13 +33,13 @@ from typing import Any
 from broker.daemon.config import BrokerConfig, NeighbourConfig
 from broker.daemon.forwarding import Forwarder
 from broker.daemon.hops import Hop, VNHop
-from broker.daemon.shares import SecureForwarding
+from broker.daemon.shares import Incoming, SecureForwarding
 from broker.daemon.stats import BrokerStats
 from broker.daemon.traffic_log import open_traffic_log
 from broker.language.filters import Value
 from broker.routing.router import Router
 from broker.wire.protocol import encode_forward
-from security.propagation import ShareRecord
+from security.propagation import ShareRecord, pack_record
 from security.publication import SecBlock
 
 FAULT_DELAY = 0.5
@@ -78,7 +78,7 @@ class _DroppingShares(SecureForwarding):
         return
 
     def share_arrived(
-        self, publisher: str, epoch: int, raw: bytes, sender: str | None = None
+        self, publisher: str, epoch: int, raw: Incoming, sender: str | None = None
     ) -> None:
         self.stats.shares_in += 1
 
@@ -203,7 +203,7 @@ class _EquivocatingShares(SecureForwarding):
 
 class _DelayingShares(SecureForwarding):
     def share_arrived(
-        self, publisher: str, epoch: int, raw: bytes, sender: str | None = None
+        self, publisher: str, epoch: int, raw: Incoming, sender: str | None = None
     ) -> None:
         late = super().share_arrived
         asyncio.get_running_loop().call_later(
@@ -236,10 +236,11 @@ class _ColludingShares(SecureForwarding):
         return list(subs) if replica == 0 else []
 
     def share_arrived(
-        self, publisher: str, epoch: int, raw: bytes, sender: str | None = None
+        self, publisher: str, epoch: int, raw: Incoming, sender: str | None = None
     ) -> None:
-        if self.evidence is not None:
-            line = json.dumps({"broker": self.broker_id, "record": raw.hex()})
+        if self.evidence is not None and not isinstance(raw, Exception):
+            packed = raw if isinstance(raw, bytes) else pack_record(raw)
+            line = json.dumps({"broker": self.broker_id, "record": packed.hex()})
             self.evidence.lines.put(line + "\n")
         super().share_arrived(publisher, epoch, raw, sender)
 

@@ -31,7 +31,6 @@ import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,16 +38,17 @@ from broker.daemon.config import BrokerConfig, NeighbourConfig
 from broker.daemon.hops import Hop, Member, VNHop
 from broker.daemon.stats import BrokerStats
 from broker.daemon.traffic_log import TrafficLog
-from broker.wire.protocol import Publish, Share
+from broker.wire.protocol import Publish, Shares
 from overlay.manifest import Manifest
 from security.envelope import Signer, private_key_from_bytes
 from security.paths import PathVote, claimed_path, path_view
 from security.propagation import (
     CertBatch,
+    LinkCertsIn,
+    LinkCertsOut,
     PropagationError,
     ShareInbox,
     ShareRecord,
-    pack_record,
     silent_senders,
     threshold_for,
     unpack_record,
@@ -61,8 +61,12 @@ T = TypeVar("T")
 
 _EPOCH_MEMORY = 4096
 
-Pending = tuple[ShareRecord, bytes, str, tuple[str, ...] | None]
-"""A share not verified yet: record, wire form, sender, the path it claims (None: unknown)."""
+Pending = tuple[ShareRecord, str, tuple[str, ...] | None]
+"""A share not verified yet: record, sender, the path it claims (None: unknown)."""
+
+Incoming = bytes | ShareRecord | PropagationError
+"""A share as it reaches :meth:`SecureForwarding.share_arrived`: packed (SHARE, PUBLISH),
+parsed from a SHARES frame, or why its SHARES entry was malformed."""
 
 SILENCE_DEADLINE = 3.0
 """Seconds after an epoch's content was routed here by which every upstream replica must
@@ -94,9 +98,9 @@ class SecureForwarding:
         if config.key_file is not None:
             raw = bytes.fromhex(Path(config.key_file).read_text(encoding="utf-8").strip())
             self.signer = Signer(config.id, private_key_from_bytes(raw))
-        # (publisher, epoch) -> the share records this replica holds for that key (with their
-        # wire form, relayed as received to local subscribers)
-        self.held: OrderedDict[tuple[str, int], list[tuple[ShareRecord, bytes]]] = OrderedDict()
+        # (publisher, epoch) -> the share records this replica holds for that key (relayed
+        # as received to local subscribers)
+        self.held: OrderedDict[tuple[str, int], list[ShareRecord]] = OrderedDict()
         # (publisher, epoch) -> hops that have been sent this replica's shares
         self.served: OrderedDict[tuple[str, int], list[Hop]] = OrderedDict()
         # (publisher, epoch) -> path -> the verifier of incoming shares along that path. An
@@ -106,13 +110,19 @@ class SecureForwarding:
             OrderedDict()
         )
         # shares not verified yet (content not routed here, or their path not agreed): (record,
-        # its wire form, sender, the path it claims once the content is known)
+        # sender, the path it claims once the content is known)
         self.unverified: OrderedDict[tuple[str, int], list[Pending]] = OrderedDict()
         # The security block of each epoch whose content was routed here.
         self.secs: OrderedDict[tuple[str, int], SecBlock] = OrderedDict()
-        # Splits of this event-loop pass, sealed by one signature, and the shares they make.
+        # Splits of this event-loop pass, sealed by one signature, and the shares they make
+        # or relay (to a broker of a next VN, or to a local subscriber), sent per receiver
+        # in SHARES frames at the end of the pass.
         self.batch = CertBatch(self.signer) if self.signer is not None else None
-        self._outbox: list[tuple[Member, str, int, ShareRecord]] = []
+        self._outbox: list[tuple[Member | Hop, str, int, ShareRecord]] = []
+        # Certificate ids per connection, out and in (ids number what one connection
+        # carried: a late frame of a closed connection must not read a new one's ids).
+        self._certs_out: dict[Member | Hop, LinkCertsOut] = {}
+        self._certs_in: dict[Member, LinkCertsIn] = {}
         self._flushing = False
         # (deadline, epoch) in routing order: when to judge who stayed silent; and who sent
         # anything at all for an epoch (on whatever path it claimed).
@@ -230,20 +240,39 @@ class SecureForwarding:
         for hop in targets:
             if hop not in served:
                 served.append(hop)
-                for record, raw in held:
-                    self._send(hop, publisher, epoch, record, raw)
+                for record in held:
+                    self._send(hop, publisher, epoch, record)
+
+    def batch_arrived(self, msg: Shares, sender: str, conn: Member) -> None:
+        """A SHARES frame from ``sender`` over ``conn``: every share in it, in order (a
+        malformed entry is blamed on the sender like a malformed SHARE)."""
+        links = self._certs_in
+        link = links.get(conn)
+        if link is None:
+            link = links[conn] = LinkCertsIn()
+            for gone in [c for c in links if c.closing]:
+                del links[gone]
+        for publisher, epoch, record in link.unpack(msg.base, msg.certs, msg.entries):
+            self.share_arrived(publisher, epoch, record, sender)
 
     def share_arrived(
-        self, publisher: str, epoch: int, raw: bytes, sender: str | None = None
+        self,
+        publisher: str,
+        epoch: int,
+        raw: Incoming,
+        sender: str | None = None,
     ) -> None:
         """This replica now holds one more share of an epoch's key (from ``sender``, or
-        from the publisher itself): pass it on."""
+        from the publisher itself): pass it on. ``raw``: a packed record (SHARE, PUBLISH),
+        one parsed from a SHARES frame, or why its entry there was malformed."""
         stats = self.stats
         stats.shares_in += 1
         if not self.enabled:
             return
         try:
-            record = unpack_record(raw)
+            if isinstance(raw, PropagationError):
+                raise raw
+            record = unpack_record(raw) if isinstance(raw, bytes) else raw
         except PropagationError as exc:
             stats.bad_shares += 1
             log.warning("malformed share of %s/%d from %s: %s", publisher, epoch, sender, exc)
@@ -266,9 +295,9 @@ class SecureForwarding:
         path = None if sec is None else self._claim(key, sec, record, sender)
         inbox = self.inboxes.get(key, {}).get(path) if path is not None else None
         if inbox is not None:
-            self._accept(key, inbox, record, raw, sender)
+            self._accept(key, inbox, record, sender)
         elif sec is None or path is not None:
-            self._remember(self.unverified, key).append((record, raw, sender, path))
+            self._remember(self.unverified, key).append((record, sender, path))
             self._open_inboxes(key)
 
     def _claim(
@@ -295,10 +324,10 @@ class SecureForwarding:
             if len(self.inboxes) > _EPOCH_MEMORY:
                 self.inboxes.popitem(last=False)
         vote = PathVote()
-        claims: list[tuple[ShareRecord, bytes, str, tuple[str, ...] | None]] = []
-        for record, raw, sender, known in pending:
+        claims: list[Pending] = []
+        for record, sender, known in pending:
             claim = known or claimed_path(self.manifest, sec, record, self.vn)
-            claims.append((record, raw, sender, claim))
+            claims.append((record, sender, claim))
             chosen = None if claim is None else vote.vouch(self.manifest, claim, sender)
             if chosen is None or chosen in opened:
                 continue
@@ -309,13 +338,13 @@ class SecureForwarding:
                 log.warning("cannot verify shares of %s/%d: %s", key[0], key[1], exc)
         del self.unverified[key]
         waiting: list[Pending] = []
-        for record, raw, sender, path in claims:
+        for record, sender, path in claims:
             if path is None:
                 self._blame(key, sender, "claims no possible path", sender)
             elif path in opened:
-                self._accept(key, opened[path], record, raw, sender)
+                self._accept(key, opened[path], record, sender)
             else:
-                waiting.append((record, raw, sender, path))
+                waiting.append((record, sender, path))
         if waiting:
             self.unverified[key] = waiting
 
@@ -339,7 +368,7 @@ class SecureForwarding:
             )
 
     def _accept(
-        self, key: tuple[str, int], inbox: ShareInbox, record: ShareRecord, raw: bytes, sender: str
+        self, key: tuple[str, int], inbox: ShareInbox, record: ShareRecord, sender: str
     ) -> None:
         """Hold a verified share and pass it on; blame the sender of a bad one."""
         before = len(inbox.blames)
@@ -348,11 +377,11 @@ class SecureForwarding:
                 self._blame(key, blame.broker, f"{blame.fault}: {blame.detail}", sender)
             return
         self._log_share(key[0], key[1], sender, None, None)
-        self._remember(self.held, key).append((record, raw))
+        self._remember(self.held, key).append(record)
         for hop in self.served.get(key, ()):
-            self._send(hop, key[0], key[1], record, raw)
+            self._send(hop, key[0], key[1], record)
 
-    def _send(self, hop: Hop, publisher: str, epoch: int, record: ShareRecord, raw: bytes) -> None:
+    def _send(self, hop: Hop, publisher: str, epoch: int, record: ShareRecord) -> None:
         if hop.closing:
             return
         if isinstance(hop, VNHop):
@@ -361,8 +390,10 @@ class SecureForwarding:
             # The slow-consumer policy covers key shares too (the delivery was dropped).
             self.stats.deliveries_dropped += 1
         else:
-            hop.send(Share(publisher, epoch, raw))
+            # Relayed as received, in this pass's SHARES frame to the subscriber.
+            self._outbox.append((hop, publisher, epoch, record))
             self.stats.shares_delivered += 1
+            self._schedule_flush()
 
     def _split_toward(self, hop: VNHop, publisher: str, seq: int, record: ShareRecord) -> None:
         subs = self.split(record, hop.size)
@@ -375,6 +406,9 @@ class SecureForwarding:
                 continue
             for sub in self.recipients_of(subs, self.neighbours[broker_id].replica):
                 outbox.append((conn, publisher, seq, sub))
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
         if not self._flushing:
             self._flushing = True
             asyncio.get_running_loop().call_soon(self.flush)
@@ -393,15 +427,36 @@ class SecureForwarding:
             return
         sealed = self.batch.seal() if self.batch is not None else {}
         stats = self.stats
-        written: dict[Member, None] = {}
+        # One SHARES frame (or a few, for a large pass) per receiver, in the order made.
+        per_conn: dict[Member | Hop, list[tuple[str, int, ShareRecord]]] = {}
         for conn, publisher, seq, sub in outbox:
             if conn.closing:
                 continue
             cert = sealed.get(sub.certs[-1])
-            record = sub if cert is None else replace(sub, certs=(*sub.certs[:-1], cert))
-            conn.send(Share(publisher, seq, pack_record(record)))
+            record = (
+                sub
+                if cert is None
+                else ShareRecord(
+                    sub.pub_id, sub.lineage, (*sub.certs[:-1], cert), sub.salt, sub.data
+                )
+            )
+            items = per_conn.get(conn)
+            if items is None:
+                items = per_conn[conn] = []
+            items.append((publisher, seq, record))
+            if cert is not None:
+                stats.shares_forwarded += 1
+        written: dict[Member | Hop, None] = {}
+        links = self._certs_out
+        for conn, items in per_conn.items():
+            link = links.get(conn)
+            if link is None:
+                link = links[conn] = LinkCertsOut()
+                for gone in [c for c in links if c.closing]:
+                    del links[gone]
+            for base, certs, entries in link.frames(items):
+                conn.send(Shares(base, certs, entries))
             written[conn] = None
-            stats.shares_forwarded += 1
         if not write:
             return
         # A connection writes what it was sent once per read; this pass ran after the read.

@@ -26,11 +26,18 @@ Layouts (``rid`` is a request id the broker echoes in ACK/ERROR; 0 asks for no A
 
     SHARE        [16, publisher, seq, record]                (key share, to broker or client)
     RECONF       [17, op, data]                              (live reconfiguration)
+    SHARES       [19, base, [cert, ...], [entry, ...]]
+                 entry: [publisher, seq, pub_id, lineage, [cert id, ...], salt, data]
+                 (key shares of one pass from one sender; the new certificates take link-wide
+                 ids base, base + 1, ...; entries name theirs by id, also ones the link
+                 carried in earlier frames; base 0 starts the numbering of a new connection)
 
 ``sec`` is nil for a plain publication. For a confidential one the payload is AES-GCM
 ciphertext and ``sec`` is a map: ``pk`` (publisher's Ed25519 key), ``sig`` (its signature),
 ``vn`` (the publisher's edge VN), ``epoch`` (the seq of the first publication under the
-same content key) and, in a PUBLISH that opens an epoch, ``share`` (this replica's share).
+same content key), in a PUBLISH that opens an epoch ``share`` (this replica's share), and
+``seal`` ([position, count, [hash, ...]]) when ``sig`` signs a Merkle root over this
+publication and the root split of its key rather than the publication alone.
 
 Between brokers, ADVERTISE/UNADVERTISE/SUBSCRIBE/UNSUBSCRIBE travel with rid 0 and
 overlay-wide keys (``origin-broker/client/id``) in place of the client's ids.
@@ -80,6 +87,7 @@ class MsgType(IntEnum):
     SHARE = 16
     RECONF = 17
     SYNC = 18
+    SHARES = 19
 
 
 _DELIVER = int(MsgType.DELIVER)
@@ -195,6 +203,25 @@ class Share:
     record: bytes
 
 
+ShareEntry = tuple[str, int, bytes, tuple[int, ...], tuple[int, ...], bytes, bytes]
+"""One share in a SHARES frame: publisher, seq (the key epoch), pub_id, lineage, link ids
+of its certificates (root split first), salt, data."""
+
+
+@dataclass(slots=True)
+class Shares:
+    """Key shares one sender made or relayed in one event-loop pass, for one receiver.
+
+    ``certs`` holds the packed split certificates new to the link, numbered from ``base``;
+    entries name theirs by link id, so a certificate shared by many records (every record
+    below a split carries it) travels and is parsed once per link instead of once per
+    record (:class:`security.propagation.LinkCertsOut`)."""
+
+    base: int
+    certs: list[bytes]
+    entries: list[ShareEntry]
+
+
 @dataclass(slots=True)
 class Reconf:
     """One step of the live OCBR protocol (lock, prepare, freeze, marker, install, ...)."""
@@ -239,6 +266,7 @@ Message = (
     | Share
     | Reconf
     | Sync
+    | Shares
 )
 
 
@@ -298,6 +326,8 @@ def to_wire(msg: Message) -> list[Any]:
             return [MsgType.RECONF, op, data]
         case Sync(token, done):
             return [MsgType.SYNC, token, done]
+        case Shares(base, certs, entries):
+            return [MsgType.SHARES, base, certs, entries]
     raise TypeError(f"not a protocol message: {msg!r}")
 
 
@@ -438,6 +468,7 @@ _LAYOUTS: dict[MsgType, tuple[str, ...]] = {
     MsgType.SHARE: ("publisher", "seq", "record"),
     MsgType.RECONF: ("op", "data"),
     MsgType.SYNC: ("token", "done"),
+    MsgType.SHARES: ("base", "certs", "entries"),
 }
 
 
@@ -626,6 +657,38 @@ def _build_share(name: str, raw: list[Any]) -> Share:
     return Share(_ident(name, "publisher", raw[1]), _uint(name, "seq", raw[2]), record)
 
 
+def _build_shares(name: str, raw: list[Any]) -> Shares:
+    base = _uint(name, "base", raw[1])
+    certs, entries = raw[2], raw[3]
+    if not isinstance(certs, list) or not all(type(c) is bytes and c for c in certs):
+        raise InvalidRequest(f"{name} field 'certs' must be an array of non-empty binaries")
+    if not isinstance(entries, list) or not entries:
+        raise InvalidRequest(f"{name} field 'entries' must be a non-empty array")
+    out: list[ShareEntry] = []
+    for entry in entries:
+        if not isinstance(entry, list) or len(entry) != 7:
+            raise InvalidRequest(f"{name} entry must be a 7-element array")
+        publisher, seq, pub_id, lineage, refs, salt, data = entry
+        if type(pub_id) is not bytes or type(salt) is not bytes or type(data) is not bytes:
+            raise InvalidRequest(f"{name} entry pub_id, salt and data must be binary")
+        if not isinstance(lineage, list) or not all(type(i) is int for i in lineage):
+            raise InvalidRequest(f"{name} entry lineage must be an array of integers")
+        if not isinstance(refs, list) or not all(type(i) is int and i >= 0 for i in refs):
+            raise InvalidRequest(f"{name} entry certificate ids must be non-negative integers")
+        out.append(
+            (
+                _ident(name, "publisher", publisher),
+                _uint(name, "seq", seq),
+                pub_id,
+                tuple(lineage),
+                tuple(refs),
+                salt,
+                data,
+            )
+        )
+    return Shares(base, certs, out)
+
+
 def _sec(name: str, value: object) -> SecBlock | None:
     """Check the security block of a confidential publication (nil for plain ones)."""
     if value is None:
@@ -645,10 +708,30 @@ def _sec(name: str, value: object) -> SecBlock | None:
     unknown = set(value) - _SEC_FIELDS
     if unknown:
         raise InvalidRequest(f"{name} field 'sec' has unknown keys {sorted(unknown)}")
-    return SecBlock(value["pk"], value["sig"], value["vn"], epoch, value.get("share"))
+    seal = value.get("seal")
+    if seal is not None:
+        seal = _seal(name, seal)
+    return SecBlock(value["pk"], value["sig"], value["vn"], epoch, value.get("share"), seal)
 
 
-_SEC_FIELDS = frozenset(("pk", "sig", "vn", "epoch", "share"))
+def _seal(name: str, value: object) -> tuple[int, int, tuple[bytes, ...]]:
+    """Check ``sec.seal``: [position, count, [sibling hash, ...]] of a sealed batch."""
+    if not isinstance(value, list) or len(value) != 3:
+        raise InvalidRequest(f"{name} field 'sec.seal' must be [position, count, proof]")
+    position, count, proof = value
+    if type(position) is not int or type(count) is not int or not 0 <= position < count:
+        raise InvalidRequest(f"{name} field 'sec.seal' needs 0 <= position < count")
+    if (
+        not isinstance(proof, list)
+        or len(proof) > _MAX_PROOF
+        or not all(type(h) is bytes and len(h) == 32 for h in proof)
+    ):
+        raise InvalidRequest(f"{name} field 'sec.seal' proof must be 32-byte hashes")
+    return position, count, tuple(proof)
+
+
+_SEC_FIELDS = frozenset(("pk", "sig", "vn", "epoch", "share", "seal"))
+_MAX_PROOF = 64
 
 
 def _build_linkstate(name: str, raw: list[Any]) -> LinkState:
@@ -715,6 +798,7 @@ _BUILDERS: dict[MsgType, _Builder] = {
     MsgType.SHARE: _build_share,
     MsgType.RECONF: _build_reconf,
     MsgType.SYNC: _build_sync,
+    MsgType.SHARES: _build_shares,
 }
 
 

@@ -175,3 +175,21 @@ def test_a_quick_key_that_fails_the_tag_is_replaced_by_the_verified_one() -> Non
     assert assembly.open(2, {"x": 1}, sealed) == b"hi"
     assert assembly.key == secret
     assert assembly.distrust
+
+
+def test_without_audit_the_key_comes_first_and_the_audit_follows_when_asked() -> None:
+    """The subscriber hands out deliveries before auditing: recover(audit=False) gives the
+    key of a complete path without verifying a seal; a later recover() audits it."""
+    from security.paths import KeyAssembly
+
+    manifest, sec, _, leaves, secret = _two_vn_world()
+    assembly = KeyAssembly("pub", 1, sec=sec)
+    for leaf in leaves:
+        assembly.add(f"b.{leaf.lineage[-1]}", leaf)
+    assert assembly.recover(manifest, "b", audit=False) == secret
+    [path] = assembly.paths.values()
+    assert not path.audited
+    assert path.verifier is None  # no seal was checked
+    assert assembly.recover(manifest, "b") == secret
+    assert path.audited
+    assert assembly.culprits == frozenset()

@@ -24,6 +24,7 @@ from broker.wire.protocol import (
     Pong,
     Publish,
     Role,
+    Shares,
     Subscribe,
     Unadvertise,
     Unsubscribe,
@@ -48,6 +49,21 @@ EXAMPLES = [
     Notice("dropped", {"subscriptions": {"s1": 3}}),
     Publish(13, 1, {"class": "x"}, b"sealed", SecBlock(b"k" * 32, b"s" * 64, "b0", 1, b"share")),
     Deliver(["s1"], "c1", 2, {"class": "x"}, b"sealed", SecBlock(b"k" * 32, b"s" * 64, "b0", 1)),
+    Publish(
+        14,
+        3,
+        {"class": "x"},
+        b"sealed",
+        SecBlock(b"k" * 32, b"s" * 64, "b0", 3, b"share", (1, 2, (b"h" * 32,))),
+    ),
+    Shares(
+        7,
+        [b"cert-a", b"cert-b"],
+        [
+            ("c1", 4, b"c1/4", (0,), (0,), b"s" * 16, b"data"),
+            ("c1", 4, b"c1/4", (0, 2), (0, 1), b"t" * 16, b"more"),
+        ],
+    ),
 ]
 
 
@@ -139,3 +155,33 @@ def test_a_security_block_with_an_unknown_key_is_refused_naming_it() -> None:
     packed = msgpack.packb(body)
     with pytest.raises(InvalidRequest, match=r"field 'sec' has unknown keys \['shares'\]"):
         list(FrameDecoder().feed(struct.pack(">I", len(packed)) + packed))
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        ([19, 0, [b"c"], []], "'entries' must be a non-empty array"),
+        ([19, 0, [1], [["c1", 1, b"p", [0], [0], b"s", b"d"]]], "'certs' must be an array"),
+        ([19, -1, [b"c"], [["c1", 1, b"p", [0], [0], b"s", b"d"]]], "'base' must be an unsigned"),
+        ([19, 0, [b"c"], [["c1", 1, b"p", [0], [-1], b"s", b"d"]]], "ids must be non-negative"),
+        ([19, 0, [b"c"], [["c1", 1, b"p", [0], ["x"], b"s", b"d"]]], "ids must be non-negative"),
+        ([19, 0, [b"c"], [["c1", 1, b"p", ["x"], [0], b"s", b"d"]]], "lineage"),
+        ([19, 0, [b"c"], [["c1", 1, "p", [0], [0], b"s", b"d"]]], "must be binary"),
+        ([19, 0, [b"c"], [["c1", 1, b"p", [0], [0], b"s"]]], "7-element"),
+    ],
+)
+def test_a_malformed_shares_frame_is_refused_naming_the_field(body: list, why: str) -> None:
+    raw = msgpack.packb(body, use_bin_type=True)
+    with pytest.raises(InvalidRequest, match=why):
+        list(FrameDecoder().feed(struct.pack(">I", len(raw)) + raw))
+
+
+@pytest.mark.parametrize(
+    "seal",
+    [[0, 0, []], [2, 2, []], [0, 2, [b"short"]], [0, 2], "x", [0, 2, [b"h" * 32] * 65]],
+)
+def test_a_malformed_publication_seal_is_refused(seal: object) -> None:
+    sec = {"pk": b"k" * 32, "sig": b"s" * 64, "vn": "b0", "epoch": 1, "seal": seal}
+    raw = msgpack.packb([7, 1, 1, {"class": "x"}, b"", sec], use_bin_type=True)
+    with pytest.raises(InvalidRequest, match=r"sec\.seal"):
+        list(FrameDecoder().feed(struct.pack(">I", len(raw)) + raw))
