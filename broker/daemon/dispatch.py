@@ -713,6 +713,7 @@ class Broker:
             hop.forget()
         actions: Actions = list(self.router.install_hood(hood, hops, held, sent))
         self.execute(actions)
+        self.shares.routing_changed()
 
     def counters(self) -> dict[str, int]:
         s = self.stats

@@ -17,7 +17,10 @@ verification only for its sender's batch root, once per batch (the sender vouche
 certificates above; see :mod:`security.propagation`).
 
 Silence: an upstream replica that sent no share of an epoch within :data:`SILENCE_DEADLINE`
-seconds of its content being routed here is blamed (``stats.blamed``, the traffic log).
+seconds of its content being routed here is blamed (``stats.blamed``, the traffic log),
+except for epochs routed here within that long of a change of this broker's routing (a live
+round installed here, a membership version adopted): the upstream replicas switch to the new
+tables one by one, so an honest one may already send that epoch's shares on its new path.
 
 The publisher's signature over a client's confidential ``PUBLISH`` is checked here too.
 Byzantine behaviour for tests and demos is not here: :mod:`broker.daemon.faults` wraps the
@@ -127,6 +130,8 @@ class SecureForwarding:
         # (deadline, epoch) in routing order: when to judge who stayed silent; and who sent
         # anything at all for an epoch (on whatever path it claimed).
         self._deadlines: deque[tuple[float, tuple[str, int]]] = deque()
+        # When this broker's routing last changed (loop time): see routing_changed().
+        self._changed: deque[float] = deque(maxlen=8)
         self.heard: OrderedDict[tuple[str, int], list[str]] = OrderedDict()
         self._sweeping = False
         # (next-hop VN, r) -> shares split toward it with r replicas (a live attach or detach
@@ -138,6 +143,7 @@ class SecureForwarding:
         now on against it, shares of epochs already under way included (it still allows
         the replica counts of the versions before it)."""
         self.manifest = manifest
+        self.routing_changed()
         for key, inboxes in self.inboxes.items():
             sec = self.secs.get(key)
             if sec is None:
@@ -478,13 +484,26 @@ class SecureForwarding:
             self._sweeping = True
             loop.call_later(SILENCE_DEADLINE, self._sweep)
 
+    def routing_changed(self) -> None:
+        """This broker's routing changed (a live round installed, a membership version
+        adopted): silence about epochs routed here around now is not judged, since the
+        upstream replicas do not switch at the same instant."""
+        try:
+            self._changed.append(asyncio.get_running_loop().time())
+        except RuntimeError:
+            return
+
+    def _near_a_change(self, routed_at: float) -> bool:
+        return any(abs(routed_at - t) <= SILENCE_DEADLINE for t in self._changed)
+
     def _sweep(self) -> None:
         loop = asyncio.get_running_loop()
         now = loop.time()
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now:
-            _, key = deadlines.popleft()
-            self.judge_silence(key)
+            deadline, key = deadlines.popleft()
+            if not self._near_a_change(deadline - SILENCE_DEADLINE):
+                self.judge_silence(key)
         if deadlines:
             loop.call_later(max(0.0, deadlines[0][0] - now), self._sweep)
         else:
