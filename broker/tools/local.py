@@ -367,14 +367,16 @@ class LocalOverlay:
         links, so this may differ from :attr:`tree`, the tree the overlay started as).
 
         While a round has a new link up in standby, the links form a cycle for a moment:
-        this asks again until they form a tree or ``timeout`` passes.
+        this asks again until they form a tree or ``timeout`` passes; so it does when a
+        broker's admin endpoint does not answer in time (a lossy network between here and
+        there: one lost SYN costs a second).
         """
         deadline = time.monotonic() + timeout
         vn_of = {b: self.vn_of(b) for b in self.broker_ids}
         while True:
             try:
                 return Tree(self.tree.brokers, vn_links(self.health(), vn_of))
-            except TopologyError:
+            except (TopologyError, OSError):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)

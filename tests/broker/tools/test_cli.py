@@ -69,6 +69,8 @@ def test_pub_and_sub_exchange_json_lines(broker: BrokerProcess, tmp_path: Path) 
             "3",
             "--client-id",
             "cli-pub2",
+            "--first-seq",
+            "1",
         )
         assert out.returncode == 0, out.stderr
         stdout, stderr = sub.communicate(timeout=30)
