@@ -35,13 +35,14 @@ import os
 import re
 import shutil
 import subprocess
+import time
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from broker.tools.launcher import write_config
-from broker.tools.local import OverlayError
+from broker.tools.local import OverlayError, fetch_json
 from broker.tools.placement_apply import BrokerAccess, Replicas, new_key_file, with_members
 from overlay.manifest import Manifest
 
@@ -65,6 +66,8 @@ CONFIGS_DIR = "placement"
 DETACHED_PROFILE = "detached"
 COMPOSE_TIMEOUT = 120.0
 STOP_GRACE = 10
+READY_TIMEOUT = 30.0
+"""Seconds a new container's broker has to answer (image start, Python imports)."""
 """Seconds ``docker-compose stop`` gives a leaving broker to flush before SIGKILL."""
 
 
@@ -312,7 +315,27 @@ class ComposeReplicas(Replicas):
         }
         self._save_overrides(data)
         self.compose("up", "-d", "--no-deps", name)
+        self._wait_ready(broker_id)
         return f"{name}:{CLIENT_PORT}"
+
+    def _wait_ready(self, broker_id: str) -> None:
+        """Wait until the new container's broker answers on its admin port: its published
+        ports accept (and reset) connections before the broker listens."""
+        deadline = time.monotonic() + READY_TIMEOUT
+        while True:
+            broker = self.running().get(broker_id)
+            if broker is not None:
+                try:
+                    fetch_json(broker.admin + "/healthz")
+                    return
+                except (OSError, ValueError):
+                    pass
+            if time.monotonic() > deadline:
+                raise OverlayError(
+                    f"{broker_id}'s container did not answer within {READY_TIMEOUT:g} s "
+                    f"(docker logs of service {service(broker_id)} say why)"
+                )
+            time.sleep(0.1)
 
     def _stop(self, broker_id: str) -> None:
         name = service(broker_id)
