@@ -27,6 +27,7 @@ import pytest
 
 from broker.client import Client, Subscription
 from broker.errors import ConnectionLost, TLSError, TrellisTimeout
+from broker.tools import cli
 from broker.tools.local import ClientTLS, fetch_json, free_ports
 from broker.tools.placement_compose import OVERRIDE_FILE, ComposeReplicas
 from security.ca import create_ca, issue, save_ca, write_issued
@@ -319,13 +320,16 @@ def wait_healthy(overlay: ComposeOverlay, container: str, timeout: float = 30) -
 
 
 async def test_a_replica_attaches_to_the_middle_vn_and_detaches_while_publications_flow(
-    overlay: ComposeOverlay,
+    overlay: ComposeOverlay, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Plain and confidential publications flow from the host (b0) to a subscriber at b2 over
     TLS while placement attaches a fourth replica to b1 in its own container and then
     detaches it: each arrives exactly once, in order, byte for byte; the new container runs,
     links to every replica of b0 and b2 and reports healthy; b0's replicas split toward b1
-    with r = 4 while it was there; after the detach its container is gone."""
+    with r = 4 while it was there; after the detach its container is gone. Beforehand,
+    ``trellis placement`` with ``--compose`` reads the deployment (nine brokers running, the
+    tree of their live links) and refuses a plan that would resize b0, which serves the
+    publisher, changing nothing."""
     keys = overlay.manifest.parent
     replicas = ComposeReplicas(keys, COMPOSE_FILE, overlay.project, overlay.env, overlay.docker)
     forwarders = [b for b in sorted(overlay.client_ports) if b.startswith("b0")]
@@ -350,6 +354,17 @@ async def test_a_replica_attaches_to_the_middle_vn_and_detaches_while_publicatio
     ):
         await pub.advertise("class = 'attach'")
         await asyncio.sleep(1.0)  # routing state settles across the three VNs
+        config = tmp_path / "placement.toml"
+        config.write_text('[placement]\nbudget = 10\npaths = ["b0 -> b2"]\n', encoding="utf-8")
+        deployment = ["--dir", str(keys), "--compose", str(COMPOSE_FILE)]
+        deployment += ["--project", overlay.project, "--config", str(config)]
+        capsys.readouterr()
+        planned = await asyncio.to_thread(cli.main, ["placement", "plan", *deployment, "--json"])
+        plan = json.loads(capsys.readouterr().out)
+        version = replicas.manifest.version
+        refused = await asyncio.to_thread(cli.main, ["placement", "apply", *deployment])
+        refusal = capsys.readouterr().err
+        assert replicas.manifest.version == version
         publisher = asyncio.create_task(publish(pub))
         try:
             await asyncio.sleep(1.0)
@@ -377,7 +392,15 @@ async def test_a_replica_attaches_to_the_middle_vn_and_detaches_while_publicatio
         with pytest.raises(TrellisTimeout):
             await sub.get(2.0)  # nothing more: each publication exactly once
 
-    print(f"attach {attached.seconds:.2f} s, detach {detached.seconds:.2f} s (containers)")
+    with capsys.disabled():
+        print(f"attach {attached.seconds:.2f} s, detach {detached.seconds:.2f} s (containers)")
+    assert planned == 0
+    assert (plan["brokers_running"], plan["tree"]) == (9, "live links")
+    assert [(c["vn"], c["current"], c["planned"]) for c in plan["diff"] if c["delta"]] == [
+        ("b0", 3, 4)
+    ]
+    assert refused == 2
+    assert "the plan resizes VNs that serve clients: b0 (" in refusal
     assert (attached.action, attached.broker, detached.broker) == ("attach", "b1.3", "b1.3")
     assert len(published) > 100
     assert got == published
