@@ -17,6 +17,11 @@ ports published on 127.0.0.1 (7700-7708 and 9100-9108 unless ``TRELLIS_PORT_*`` 
 overlay's own CA (each broker's certificate certifies its manifest key and names its service,
 ``localhost`` and ``127.0.0.1``), and clients need a certificate from that CA (``keys`` issues
 one for the host, ``tls/client.crt``). Admin ports (health checks, Prometheus) stay plain HTTP.
+
+The layout constants both this script and ``trellis placement apply --compose`` need (ports,
+the keys dir's ``ca/`` and ``tls/``, service names) live in
+:mod:`broker.tools.placement_compose`, which adds and removes replicas live: their services go
+into ``docker-compose.placement.yml`` in the keys dir, not into the files written here.
 """
 
 from __future__ import annotations
