@@ -298,7 +298,9 @@ class ComposeReplicas(Replicas):
         keys = self.keys_dir
         data = self._overrides()
         data["services"][name] = {
-            "image": containers[sibling]["Config"]["Image"],
+            # The sibling's image by id, not by tag: a tag rebuilt since the deployment
+            # started (another checkout's images.sh) would run other code beside it.
+            "image": containers[sibling]["Image"],
             "restart": "unless-stopped",
             "networks": ["trellis"],
             "hostname": name,

@@ -324,9 +324,10 @@ async def test_a_replica_attaches_to_the_middle_vn_and_detaches_while_publicatio
 ) -> None:
     """Plain and confidential publications flow from the host (b0) to a subscriber at b2 over
     TLS while placement attaches a fourth replica to b1 in its own container and then
-    detaches it: each arrives exactly once, in order, byte for byte; the new container runs,
-    links to every replica of b0 and b2 and reports healthy; b0's replicas split toward b1
-    with r = 4 while it was there; after the detach its container is gone. Beforehand,
+    detaches it: each arrives exactly once, in order, byte for byte; the new container runs
+    its siblings' image, links to every replica of b0 and b2 and reports healthy; b0's
+    replicas split toward b1 with r = 4 while it was there; after the detach its container
+    is gone. Beforehand,
     ``trellis placement`` with ``--compose`` reads the deployment (nine brokers running, the
     tree of their live links) and refuses a plan that would resize b0, which serves the
     publisher, changing nothing."""
@@ -372,6 +373,10 @@ async def test_a_replica_attaches_to_the_middle_vn_and_detaches_while_publicatio
             began = await asyncio.to_thread(splits_toward, overlay, forwarders, "b1")
             container = replicas.compose("ps", "-q", "b1-3").strip()
             status = await asyncio.to_thread(wait_healthy, overlay, container)
+            images = {
+                c: run([overlay.docker, "inspect", "-f", "{{.Image}}", c]).strip()
+                for c in (container, overlay.container("b1-0"))
+            }
             running = await asyncio.to_thread(replicas.running)
             health = await asyncio.to_thread(fetch_json, running["b1.3"].admin + "/healthz")
             await asyncio.sleep(1.0)
@@ -416,6 +421,7 @@ async def test_a_replica_attaches_to_the_middle_vn_and_detaches_while_publicatio
         missing = sorted({p[0] for p in published} - {g[0] for g in got})
         pytest.fail(f"missing seqs {missing}; brokers said:\n" + "\n".join(said[-60:]))
     assert status == "healthy"
+    assert len(set(images.values())) == 1, images  # its siblings' image, whatever the tag is now
     assert set(health["links"]) == {b for b in overlay.client_ports if b.startswith(("b0", "b2"))}
     assert not health["missing_links"]
     assert ended.get(4, 0) > began.get(4, 0), (began, ended)
