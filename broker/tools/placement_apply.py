@@ -15,6 +15,11 @@ majorities once they link to it) and waits for its links; detach waits for every
 acknowledge the switch (no one sends to the leaving replica any more), then stops it with
 SIGTERM, so it routes what it already received and flushes its links before it exits.
 A detach gives back the VN's last slot, so the remaining replicas keep their indices.
+
+:class:`Replicas` holds those steps; where brokers run and how one starts and stops is the
+deployment's: :class:`LocalReplicas` (broker processes of ``trellis up``) here,
+:class:`broker.tools.placement_compose.ComposeReplicas` (containers of the compose
+deployment) beside it.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import os
 import signal
 import time
 import tomllib
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,58 +87,74 @@ class Change:
         }
 
 
-class LocalReplicas:
-    """Attach and detach replicas of the local overlay in ``workdir`` (``trellis up``)."""
+@dataclass(frozen=True)
+class BrokerAccess:
+    """How the operator reaches one running broker: its client/broker port (for the
+    control connection, with ``tls``: the ``open_connection`` arguments under its own id) and
+    its admin base URL."""
 
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir.resolve()
-        self.info = read_overlay(self.workdir)
-        self.manifest_path = self.workdir / "manifest.json"
-        # Brokers this object started (their processes are reaped when they stop).
-        self.started: dict[str, BrokerProcess] = {}
+    endpoint: str
+    admin: str
+    tls: dict[str, Any]
+
+
+class Replicas(ABC):
+    """The manifest steps of attach and detach, whatever runs the brokers.
+
+    A deployment says where its manifest file is (``manifest_path``), which brokers run
+    and how to reach them (:meth:`running`), and how a replica gets its identity, starts,
+    stops, and how its membership is recorded (the abstract methods)."""
+
+    manifest_path: Path
 
     @property
     def manifest(self) -> Manifest:
         return Manifest.load(self.manifest_path)
 
-    def _brokers(self) -> dict[str, dict[str, Any]]:
-        return {
-            str(b["id"]): b
-            for b in self.info.get("brokers", [])
-            if is_broker_process(int(b["pid"]), str(b["id"]))
-        }
+    @abstractmethod
+    def running(self) -> dict[str, BrokerAccess]:
+        """The brokers of the deployment that run now, by id."""
 
-    def _save(self) -> None:
-        path = self.workdir / OVERLAY_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.info, indent=2) + "\n")
-        tmp.replace(path)
+    @abstractmethod
+    def _identity(self, broker_id: str, fresh: bool) -> bytes | None:
+        """Give a joining replica its signing key (a new one when ``fresh``: its public half
+        returned, for the manifest) and, on TLS, a certificate from the deployment's CA."""
+
+    @abstractmethod
+    def _start(self, broker_id: str, vn: str, index: int, settings: dict[str, Any]) -> str:
+        """Start the joining replica; the endpoint the other brokers dial it at."""
+
+    @abstractmethod
+    def _stop(self, broker_id: str) -> None:
+        """Stop a replica that left, gracefully (SIGTERM: it flushes its links)."""
+
+    @abstractmethod
+    def _record(self, vn: str, members: Sequence[str]) -> None:
+        """Keep the deployment's own records (broker lists, config files) true to ``vn``'s
+        new ``members``."""
+
+    def _write_manifest(self, manifest: Manifest) -> None:
+        manifest.save(self.manifest_path)
 
     def _publish(self, manifest: Manifest, endpoints: dict[str, str]) -> None:
         """Write ``manifest`` and have every running broker adopt it (all acknowledge)."""
-        manifest.save(self.manifest_path)
+        self._write_manifest(manifest)
         step = MembershipStep(manifest.version, endpoints)
 
-        async def one(broker: dict[str, Any]) -> None:
-            me = broker["id"]
-            channel = ControlChannel(me, me, broker["endpoint"], own_link_tls(self.info, me))
+        async def one(me: str, broker: BrokerAccess) -> None:
+            channel = ControlChannel(me, me, broker.endpoint, broker.tls)
             try:
                 await channel.open(CONTROL_TIMEOUT)
                 reply = await channel.call(cast(Any, step), CONTROL_TIMEOUT)
             finally:
                 await channel.close()
             if not reply.ok:
-                raise OverlayError(
-                    f"broker {broker['id']} refused version {step.version}: {reply.error}"
-                )
+                raise OverlayError(f"broker {me} refused version {step.version}: {reply.error}")
 
         async def everyone() -> None:
-            await asyncio.gather(*(one(b) for b in self._brokers().values()))
+            await asyncio.gather(*(one(b, a) for b, a in self.running().items()))
 
         run_async(everyone())
-
-    def _endpoints(self) -> dict[str, str]:
-        return {b: e["endpoint"] for b, e in self._brokers().items()}
 
     def attach(self, vn: str, settings: dict[str, Any] | None = None) -> Change:
         """Start one more replica of ``vn`` (in its next slot) and switch the overlay to it.
@@ -142,45 +164,19 @@ class LocalReplicas:
         manifest = self.manifest
         if vn not in manifest.members:
             raise OverlayError(f"no VN {vn!r} in this overlay")
-        members = manifest.members[vn]
-        index = len(members)
+        index = len(manifest.members[vn])
         slots = manifest.slots(vn)
-        joining: dict[str, bytes] = {}
-        if index < len(slots):
-            broker_id = slots[index]
-        else:
-            broker_id = f"{vn}.{index}"
-            key_path = self.workdir / f"{broker_id}.key"
-            key = generate_signing_key()
-            key_path.write_text(private_key_to_bytes(key).hex() + "\n", encoding="utf-8")
-            key_path.chmod(0o600)
-            joining[broker_id] = public_key_to_bytes(key.public_key())
-        self._certify(broker_id)
+        fresh = index >= len(slots)
+        broker_id = slots[index] if not fresh else f"{vn}.{index}"
+        public = self._identity(broker_id, fresh)
+        joining = {broker_id: public} if public is not None else {}
         prepared = manifest.prepared(vn, index + 1, joining)
         self._publish(prepared, {})
-        proc = start_broker(
-            self.workdir,
-            broker_id,
-            port=free_ports(1)[0],
-            settings=self._config_for(broker_id, vn, index, settings or {}),
-        )
-        self.started[broker_id] = proc
-        entry = {
-            "id": broker_id,
-            "endpoint": proc.endpoint,
-            "admin": proc.admin_url,
-            "pid": proc.pid,
-        }
-        self.info["brokers"] = [
-            *(b for b in self.info.get("brokers", []) if b["id"] != broker_id),
-            entry,
-        ]
+        endpoint = self._start(broker_id, vn, index, settings or {})
         switched = prepared.resized(vn, index + 1)
-        self.info.setdefault("vns", {})[vn] = list(switched.members[vn])
-        self._save()
-        self._rewrite_configs(vn, switched.members[vn])
-        self._publish(switched, {broker_id: proc.endpoint})
-        self._wait_links(broker_id, vn, switched)
+        self._record(vn, switched.members[vn])
+        self._publish(switched, {broker_id: endpoint})
+        self._wait_links(broker_id)
         return Change("attach", vn, broker_id, time.monotonic() - started, switched.version)
 
     def detach(self, vn: str) -> Change:
@@ -197,16 +193,146 @@ class LocalReplicas:
         self._publish(prepared, {})
         switched = prepared.resized(vn, len(members) - 1)
         self._publish(switched, {})
-        broker = self._brokers().get(leaving)
-        if leaving in self.started:
-            self.started.pop(leaving).stop()
-        elif broker is not None:
-            _stop_pid(int(broker["pid"]), leaving)
-        self.info["brokers"] = [b for b in self.info.get("brokers", []) if b["id"] != leaving]
-        self.info.setdefault("vns", {})[vn] = list(switched.members[vn])
-        self._save()
-        self._rewrite_configs(vn, switched.members[vn])
+        self._stop(leaving)
+        self._record(vn, switched.members[vn])
         return Change("detach", vn, leaving, time.monotonic() - started, switched.version)
+
+    def health(self) -> dict[str, dict[str, Any]]:
+        """``/healthz`` of every running broker that answers, by id."""
+        out = {}
+        for broker_id, broker in self.running().items():
+            try:
+                out[broker_id] = fetch_json(broker.admin + "/healthz")
+            except (OSError, ValueError):
+                continue
+        return out
+
+    def refuse_client_vns(self, vns: Iterable[str]) -> None:
+        """Refuse, before anything changes, a plan that resizes a VN serving clients.
+
+        Attach/detach is built for VNs that only forward: a client keeps the endpoint list
+        and replica count it was given, so a subscriber at a resized edge VN would miss the
+        new replica's copies and key shares (or wait for a replica that left).
+
+        Raises:
+            OverlayError: naming each such VN and how many clients it serves.
+        """
+        brokers = self.running()
+        serving: dict[str, int] = {}
+        for vn in sorted(set(vns)):
+            for broker_id in self.manifest.members.get(vn, ()):
+                if broker_id in brokers:
+                    health = fetch_json(brokers[broker_id].admin + "/healthz")
+                    clients = int(health.get("clients", 0))
+                    if clients:
+                        serving[vn] = serving.get(vn, 0) + clients
+        if serving:
+            listed = ", ".join(f"{vn} ({n} client connection(s))" for vn, n in serving.items())
+            raise OverlayError(
+                f"the plan resizes VNs that serve clients: {listed}; live attach/detach is "
+                "built for VNs that only forward (a client keeps the endpoint list and replica "
+                "count it was given). Leave them out of the plan ([placement] weights, paths) "
+                "or move their clients first"
+            )
+
+    def _linked_vns(self, sibling: str, vn: str) -> list[str]:
+        """The VNs a running replica of ``vn`` links to now (the joining one will too)."""
+        manifest = self.manifest
+        health = fetch_json(self.running()[sibling].admin + "/healthz")
+        owners = {manifest.owner(b) for b in health["links"]}
+        return sorted(v for v in owners if v is not None and v != vn)
+
+    def _wait_links(self, broker_id: str) -> None:
+        """Wait until the new replica linked to every replica of its neighbouring VNs."""
+        deadline = time.monotonic() + LINK_TIMEOUT
+        health: dict[str, Any] = {"missing_links": ["(no answer)"]}
+        while True:
+            broker = self.running().get(broker_id)
+            if broker is not None:
+                try:
+                    health = fetch_json(broker.admin + "/healthz")
+                except (OSError, ValueError):
+                    pass  # still starting
+                else:
+                    if not health["missing_links"]:
+                        return
+            if time.monotonic() > deadline:
+                raise OverlayError(
+                    f"{broker_id} did not link to {health['missing_links']} within "
+                    f"{LINK_TIMEOUT:g} s"
+                )
+            time.sleep(0.02)
+
+
+class LocalReplicas(Replicas):
+    """Attach and detach replicas of the local overlay in ``workdir`` (``trellis up``)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir.resolve()
+        self.info = read_overlay(self.workdir)
+        self.manifest_path = self.workdir / "manifest.json"
+        # Brokers this object started (their processes are reaped when they stop).
+        self.started: dict[str, BrokerProcess] = {}
+
+    def _brokers(self) -> dict[str, dict[str, Any]]:
+        return {
+            str(b["id"]): b
+            for b in self.info.get("brokers", [])
+            if is_broker_process(int(b["pid"]), str(b["id"]))
+        }
+
+    def running(self) -> dict[str, BrokerAccess]:
+        return {
+            b: BrokerAccess(str(e["endpoint"]), str(e["admin"]), own_link_tls(self.info, b))
+            for b, e in self._brokers().items()
+        }
+
+    def _save(self) -> None:
+        path = self.workdir / OVERLAY_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.info, indent=2) + "\n")
+        tmp.replace(path)
+
+    def _endpoints(self) -> dict[str, str]:
+        return {b: e["endpoint"] for b, e in self._brokers().items()}
+
+    def _identity(self, broker_id: str, fresh: bool) -> bytes | None:
+        public = new_key_file(self.workdir / f"{broker_id}.key") if fresh else None
+        self._certify(broker_id)
+        return public
+
+    def _start(self, broker_id: str, vn: str, index: int, settings: dict[str, Any]) -> str:
+        proc = start_broker(
+            self.workdir,
+            broker_id,
+            port=free_ports(1)[0],
+            settings=self._config_for(broker_id, vn, index, settings),
+        )
+        self.started[broker_id] = proc
+        entry = {
+            "id": broker_id,
+            "endpoint": proc.endpoint,
+            "admin": proc.admin_url,
+            "pid": proc.pid,
+        }
+        self.info["brokers"] = [
+            *(b for b in self.info.get("brokers", []) if b["id"] != broker_id),
+            entry,
+        ]
+        return proc.endpoint
+
+    def _stop(self, broker_id: str) -> None:
+        broker = self._brokers().get(broker_id)
+        if broker_id in self.started:
+            self.started.pop(broker_id).stop()
+        elif broker is not None:
+            _stop_pid(int(broker["pid"]), broker_id)
+        self.info["brokers"] = [b for b in self.info.get("brokers", []) if b["id"] != broker_id]
+
+    def _record(self, vn: str, members: Sequence[str]) -> None:
+        self.info.setdefault("vns", {})[vn] = list(members)
+        self._save()
+        self._rewrite_configs(vn, members)
 
     def _rewrite_configs(self, vn: str, members: Iterable[str]) -> None:
         """Keep every broker's config file true to the new membership of ``vn``, so that a
@@ -222,34 +348,6 @@ class LocalReplicas:
             updated = with_members(config, vn, [(b, endpoints[b]) for b in current])
             if updated != config:
                 write_config(path, updated)
-
-    def refuse_client_vns(self, vns: Iterable[str]) -> None:
-        """Refuse, before anything changes, a plan that resizes a VN serving clients.
-
-        Attach/detach is built for VNs that only forward: a client keeps the endpoint list
-        and replica count it was given, so a subscriber at a resized edge VN would miss the
-        new replica's copies and key shares (or wait for a replica that left).
-
-        Raises:
-            OverlayError: naming each such VN and how many clients it serves.
-        """
-        brokers = self._brokers()
-        serving: dict[str, int] = {}
-        for vn in sorted(set(vns)):
-            for broker_id in self.manifest.members.get(vn, ()):
-                if broker_id in brokers:
-                    health = fetch_json(brokers[broker_id]["admin"] + "/healthz")
-                    clients = int(health.get("clients", 0))
-                    if clients:
-                        serving[vn] = serving.get(vn, 0) + clients
-        if serving:
-            listed = ", ".join(f"{vn} ({n} client connection(s))" for vn, n in serving.items())
-            raise OverlayError(
-                f"the plan resizes VNs that serve clients: {listed}; live attach/detach is "
-                "built for VNs that only forward (a client keeps the endpoint list and replica "
-                "count it was given). Leave them out of the plan ([placement] weights, paths) "
-                "or move their clients first"
-            )
 
     def _certify(self, broker_id: str) -> None:
         """On a TLS overlay, a certificate from the overlay's CA for the joining replica's
@@ -278,8 +376,6 @@ class LocalReplicas:
         base = tomllib.loads((self.workdir / f"{sibling}.toml").read_text(encoding="utf-8"))
         for key in ("id", "host", "port", "ready_file", "byzantine", "collude_log"):
             base.pop(key, None)
-        health = fetch_json(brokers[sibling]["admin"] + "/healthz")
-        linked_vns = {manifest.owner(b) for b in health["links"]} - {None, vn}
         endpoints = self._endpoints()
         neighbours = [
             {
@@ -289,7 +385,7 @@ class LocalReplicas:
                 "replica": i,
                 "vn_size": len(manifest.members[other]),
             }
-            for other in sorted(v for v in linked_vns if v is not None)
+            for other in self._linked_vns(sibling, vn)
             for i, b in enumerate(manifest.members[other])
             if b in endpoints
         ]
@@ -322,20 +418,14 @@ class LocalReplicas:
             "tls_key": str(directory / f"{broker_id}.key"),
         }
 
-    def _wait_links(self, broker_id: str, vn: str, manifest: Manifest) -> None:
-        """Wait until the new replica linked to every replica of its neighbouring VNs."""
-        brokers = self._brokers()
-        deadline = time.monotonic() + LINK_TIMEOUT
-        while True:
-            health = fetch_json(brokers[broker_id]["admin"] + "/healthz")
-            if not health["missing_links"]:
-                return
-            if time.monotonic() > deadline:
-                raise OverlayError(
-                    f"{broker_id} did not link to {health['missing_links']} within "
-                    f"{LINK_TIMEOUT:g} s"
-                )
-            time.sleep(0.02)
+
+def new_key_file(path: Path) -> bytes:
+    """A fresh Ed25519 signing key for a joining replica, written (hex seed, owner-only) as
+    a broker's ``key_file`` reads it; its public half, for the manifest."""
+    key = generate_signing_key()
+    path.write_text(private_key_to_bytes(key).hex() + "\n", encoding="utf-8")
+    path.chmod(0o600)
+    return public_key_to_bytes(key.public_key())
 
 
 def with_members(

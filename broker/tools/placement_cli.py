@@ -12,6 +12,13 @@ columns are the contract). Prints the plan, its warnings and the diff against th
 ``trellis placement apply`` computes the same plan and makes it so live: it attaches and
 detaches replicas one at a time (:mod:`broker.tools.placement_apply`), or, with
 ``--dry-run`` or when no broker of the overlay runs, prints the actions it would take.
+
+With ``--compose FILE`` (the deployment's ``docker-compose.yml``; ``--project`` its compose
+project) both act on the compose deployment instead: ``--dir`` is then its keys dir
+(``compose_gen.py keys --dir``), the replica counts are the manifest's, the running brokers
+the project's containers (:mod:`broker.tools.placement_compose`). A ``--dir`` that holds a
+manifest, ``ca/`` and ``tls/ca.crt`` but no ``overlay.json`` is a compose keys dir: without
+``--compose`` it is refused, naming the option, rather than read as a local overlay.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from broker.tools.analytics_outputs import read_table
 
 if TYPE_CHECKING:  # the handler imports these: `trellis broker` must not pay for them
+    from broker.tools.placement_apply import Replicas
     from overlay.placement import NodeFailures, PathKey, Plan, ReplicaChange
     from overlay.placement_config import PlacementConfig
     from overlay.tree import Tree
@@ -90,8 +98,7 @@ def live_tree(workdir: Path, started: Tree) -> Tree | None:
     """The VN tree the running brokers' links form now (live reconfiguration may have moved
     links since ``started``), or None when no broker answers or the links are not a tree at
     this moment (a reconfiguration round in flight)."""
-    from broker.tools.local import fetch_json, read_overlay, vn_links
-    from overlay.tree import TopologyError, Tree
+    from broker.tools.local import fetch_json, read_overlay
 
     info = read_overlay(workdir)
     vn_of = {b: vn for vn, members in info.get("vns", {}).items() for b in members}
@@ -101,12 +108,45 @@ def live_tree(workdir: Path, started: Tree) -> Tree | None:
             health[broker["id"]] = fetch_json(broker["admin"] + "/healthz")
         except (OSError, ValueError):
             continue
+    return tree_of_links(started, health, vn_of)
+
+
+def tree_of_links(
+    started: Tree, health: Mapping[str, Any], vn_of: Mapping[str, str]
+) -> Tree | None:
+    """The VN tree the links in ``health`` (``/healthz`` by broker) form, or None (no broker
+    answered, or not a tree now)."""
+    from broker.tools.local import vn_links
+    from overlay.tree import TopologyError, Tree
+
     if not health:
         return None
     try:
-        return Tree(started.brokers, vn_links(health, vn_of))
+        return Tree(started.brokers, vn_links(dict(health), dict(vn_of)))
     except TopologyError:
         return None
+
+
+def open_deployment(
+    workdir: Path, compose: Path | None, project: str | None = None
+) -> Replicas | None:
+    """The compose deployment to act on (``--compose``), or None for a local overlay.
+
+    Raises:
+        OverlayError: ``workdir`` is a compose keys dir but no compose file was given.
+    """
+    from broker.tools.local import OverlayError
+    from broker.tools.placement_compose import ComposeReplicas, is_compose_keys_dir
+
+    if compose is not None:
+        return ComposeReplicas(workdir, compose, project)
+    if is_compose_keys_dir(workdir):
+        raise OverlayError(
+            f"{workdir} is a compose deployment's keys dir (manifest, ca/, tls/, no "
+            "overlay.json): give --compose FILE (its docker-compose.yml) and, if it is not the "
+            "default, --project NAME"
+        )
+    return None
 
 
 @dataclass
@@ -136,11 +176,13 @@ def make_plan(
     source: Path | None,
     config_path: Path | None,
     tree: Tree | None = None,
+    deployment: Replicas | None = None,
 ) -> PlanReport:
     """Everything ``trellis placement plan`` prints, as data.
 
     Paths follow ``tree`` when given (the tree the evidence was gathered on, say), else the
-    overlay's live links, else the tree it started as.
+    overlay's live links, else the tree it started as. ``deployment``: a compose deployment
+    (its manifest and containers) instead of the local overlay in ``workdir``.
 
     Raises:
         ValueError: a file is missing or invalid, or there are no paths to place on.
@@ -151,15 +193,25 @@ def make_plan(
     from overlay.placement_config import load_placement_config
 
     config = load_placement_config(config_path)
-    current, running = running_replicas(workdir)
+    health: dict[str, Any] = {}
+    if deployment is None:
+        current, running = running_replicas(workdir)
     try:
         manifest = Manifest.load(workdir / "manifest.json")
     except FileNotFoundError:
         raise OverlayError(f"no overlay in {workdir} (missing manifest.json)") from None
+    if deployment is not None:
+        current = {vn: len(ids) for vn, ids in manifest.members.items()}
+        health = deployment.health()
+        running = len(health)
     if tree is not None:
         tree_source = "as given"
     else:
-        tree = live_tree(workdir, manifest.tree) if running else None
+        if deployment is not None:
+            vn_of = {b: vn for vn, ids in manifest.members.items() for b in ids}
+            tree = tree_of_links(manifest.tree, health, vn_of)
+        else:
+            tree = live_tree(workdir, manifest.tree) if running else None
         tree_source = "live links" if tree is not None else "as started"
         tree = tree or manifest.tree
     evidence = None if source is None else read_evidence(source, config.windows)
@@ -231,10 +283,12 @@ def format_report(report: PlanReport) -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    workdir = Path(args.dir)
     report = make_plan(
-        Path(args.dir),
+        workdir,
         None if args.source is None else Path(args.source),
         None if args.config is None else Path(args.config),
+        deployment=open_deployment(workdir, _path(args.compose), args.project),
     )
     print(json.dumps(report.to_dict(), indent=2) if args.json else format_report(report))
     return 0
@@ -251,10 +305,12 @@ def cmd_apply(args: argparse.Namespace) -> int:
     from broker.tools.placement_apply import LocalReplicas
 
     workdir = Path(args.dir)
+    deployment = open_deployment(workdir, _path(args.compose), args.project)
     report = make_plan(
         workdir,
         None if args.source is None else Path(args.source),
         None if args.config is None else Path(args.config),
+        deployment=deployment,
     )
     actions = planned_actions(report.changes)
     print(format_report(report))
@@ -267,7 +323,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
         for action, vn in actions:
             print(f"  {action} one replica {'to' if action == 'attach' else 'from'} {vn}")
         return 0
-    replicas = LocalReplicas(workdir)
+    replicas = deployment or LocalReplicas(workdir)
     replicas.refuse_client_vns(vn for _, vn in actions)
     print("applying:")
     for action, vn in actions:
@@ -280,12 +336,18 @@ def cmd_apply(args: argparse.Namespace) -> int:
     return 0
 
 
+def _path(value: str | None) -> Path | None:
+    return None if value is None else Path(value)
+
+
 def add_placement_parser(
     subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
 ) -> None:
     """``trellis placement plan`` and ``trellis placement apply``."""
     p = subparsers.add_parser(
-        "placement", help="plan replica placement for a local overlay and apply it live"
+        "placement",
+        help="plan replica placement for a local overlay or the compose deployment and apply "
+        "it live",
     )
     sub = p.add_subparsers(
         dest="placement_command", required=True, metavar="COMMAND", help="plan, apply"
@@ -298,7 +360,23 @@ def add_placement_parser(
     )
     for parser in (plan, apply):
         parser.add_argument(
-            "--dir", required=True, metavar="DIR", help="a local overlay's directory (trellis up)"
+            "--dir",
+            required=True,
+            metavar="DIR",
+            help="a local overlay's directory (trellis up), or with --compose the compose "
+            "deployment's keys dir (compose_gen.py keys --dir)",
+        )
+        parser.add_argument(
+            "--compose",
+            metavar="FILE",
+            help="act on the compose deployment of this docker-compose.yml (default: DIR is a "
+            "local overlay)",
+        )
+        parser.add_argument(
+            "--project",
+            metavar="NAME",
+            help="with --compose: its compose project (default: COMPOSE_PROJECT_NAME or the "
+            "file's directory name, as docker-compose has it)",
         )
         parser.add_argument(
             "--from",

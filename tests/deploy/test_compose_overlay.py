@@ -1,7 +1,8 @@
 """The compose overlay in real containers: images built here, 3 VNs x 3 replicas speaking
 TLS (mutual between brokers, client certificates required), traffic from the host through
-published ports, clients without our certificate refused, a replica killed and another cut
-off mid-stream.
+published ports, clients without our certificate refused, a replica attached live to the
+middle VN and detached again (``trellis placement apply``'s compose side), a replica killed
+and another cut off mid-stream.
 
 Needs a Docker engine: one that answers, or one ``deploy/dockerd.sh`` can start (root and
 Debian's docker.io; ``bash deploy/setup.sh`` installs it). Anything started here is removed
@@ -26,7 +27,9 @@ import pytest
 
 from broker.client import Client, Subscription
 from broker.errors import ConnectionLost, TLSError, TrellisTimeout
+from broker.tools import cli
 from broker.tools.local import ClientTLS, fetch_json, free_ports
+from broker.tools.placement_compose import OVERRIDE_FILE, ComposeReplicas
 from security.ca import create_ca, issue, save_ca, write_issued
 from tests.test_deploy import DASHBOARD, dashboard_queries, load_compose_gen
 
@@ -291,6 +294,145 @@ async def test_clients_without_our_certificate_are_refused_and_the_overlay_keeps
         ]
         with pytest.raises(TrellisTimeout):
             await sub.get(1.0)
+
+
+def splits_toward(overlay: ComposeOverlay, forwarders: list[str], vn: str) -> dict[int, int]:
+    """Key shares the ``forwarders`` split toward ``vn``, by the replica count used."""
+    counts: dict[int, int] = {}
+    for broker in forwarders:
+        splits = overlay.health(broker)["splits_by_scheme"]
+        for scheme, n in splits.items():  # type: ignore[attr-defined]
+            name, _, r = scheme.rpartition("/")
+            if name == vn:
+                counts[int(r)] = counts.get(int(r), 0) + n
+    return counts
+
+
+def wait_healthy(overlay: ComposeOverlay, container: str, timeout: float = 30) -> str:
+    """The container's health status once it is healthy, or the last one seen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = json.loads(run([overlay.docker, "inspect", container]))[0]["State"]
+        status = str(state.get("Health", {}).get("Status"))
+        if status == "healthy" or time.monotonic() > deadline:
+            return status
+        time.sleep(0.5)
+
+
+async def test_a_replica_attaches_to_the_middle_vn_and_detaches_while_publications_flow(
+    overlay: ComposeOverlay, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Plain and confidential publications flow from the host (b0) to a subscriber at b2 over
+    TLS while placement attaches a fourth replica to b1 in its own container and then
+    detaches it: each arrives exactly once, in order, byte for byte; the new container runs
+    its siblings' image, links to every replica of b0 and b2 and reports healthy; b0's
+    replicas split toward b1 with r = 4 while it was there; after the detach its container
+    is gone. Beforehand,
+    ``trellis placement`` with ``--compose`` reads the deployment (nine brokers running, the
+    tree of their live links) and refuses a plan that would resize b0, which serves the
+    publisher, changing nothing."""
+    keys = overlay.manifest.parent
+    replicas = ComposeReplicas(keys, COMPOSE_FILE, overlay.project, overlay.env, overlay.docker)
+    forwarders = [b for b in sorted(overlay.client_ports) if b.startswith("b0")]
+    published: list[tuple[int, bytes, bool]] = []
+    stop = asyncio.Event()
+
+    async def publish(pub: Client) -> None:
+        i = 0
+        while not stop.is_set():
+            data = f"attach {i} ".encode() * 3 + bytes([i % 256])
+            seq = await pub.publish({"class": "attach", "i": i}, data, confidential=bool(i % 2))
+            published.append((seq, data, bool(i % 2)))
+            i += 1
+            await asyncio.sleep(0.01)
+
+    async with (
+        Client(overlay.endpoints("b0"), client_id="attach-pub", **overlay.tls) as pub,
+        Client(
+            overlay.endpoints("b2"), client_id="sub-3", manifest=overlay.manifest, **overlay.tls
+        ) as sc,
+        sc.subscribe("class = 'attach'") as sub,
+    ):
+        await pub.advertise("class = 'attach'")
+        await asyncio.sleep(1.0)  # routing state settles across the three VNs
+        config = tmp_path / "placement.toml"
+        config.write_text('[placement]\nbudget = 10\npaths = ["b0 -> b2"]\n', encoding="utf-8")
+        deployment = ["--dir", str(keys), "--compose", str(COMPOSE_FILE)]
+        deployment += ["--project", overlay.project, "--config", str(config)]
+        capsys.readouterr()
+        planned = await asyncio.to_thread(cli.main, ["placement", "plan", *deployment, "--json"])
+        plan = json.loads(capsys.readouterr().out)
+        version = replicas.manifest.version
+        refused = await asyncio.to_thread(cli.main, ["placement", "apply", *deployment])
+        refusal = capsys.readouterr().err
+        assert replicas.manifest.version == version
+        publisher = asyncio.create_task(publish(pub))
+        try:
+            await asyncio.sleep(1.0)
+            attached = await asyncio.to_thread(replicas.attach, "b1")
+            began = await asyncio.to_thread(splits_toward, overlay, forwarders, "b1")
+            container = replicas.compose("ps", "-q", "b1-3").strip()
+            status = await asyncio.to_thread(wait_healthy, overlay, container)
+            images = {
+                c: run([overlay.docker, "inspect", "-f", "{{.Image}}", c]).strip()
+                for c in (container, overlay.container("b1-0"))
+            }
+            running = await asyncio.to_thread(replicas.running)
+            health = await asyncio.to_thread(fetch_json, running["b1.3"].admin + "/healthz")
+            await asyncio.sleep(1.0)
+            ended = await asyncio.to_thread(splits_toward, overlay, forwarders, "b1")
+            joined_log = await asyncio.to_thread(run, [overlay.docker, "logs", container])
+            detached = await asyncio.to_thread(replicas.detach, "b1")
+            await asyncio.sleep(1.0)
+        finally:
+            stop.set()
+            await publisher
+            if (keys / OVERRIDE_FILE).exists():  # failed between attach and detach
+                await asyncio.to_thread(replicas.compose, "rm", "-f", "-s", "-v", "b1-3")
+        await pub.drain(30)
+        got: list[tuple[int, bytes, bool]] = []
+        while len(got) < len(published):
+            try:
+                msg = await sub.get(20)
+            except TrellisTimeout:
+                break
+            got.append((msg.seq, msg.payload, msg.confidential))
+        with pytest.raises(TrellisTimeout):
+            await sub.get(2.0)  # nothing more: each publication exactly once
+
+    with capsys.disabled():
+        print(f"attach {attached.seconds:.2f} s, detach {detached.seconds:.2f} s (containers)")
+    assert planned == 0
+    assert (plan["brokers_running"], plan["tree"]) == (9, "live links")
+    assert [(c["vn"], c["current"], c["planned"]) for c in plan["diff"] if c["delta"]] == [
+        ("b0", 3, 4)
+    ]
+    assert refused == 2
+    assert "the plan resizes VNs that serve clients: b0 (" in refusal
+    assert (attached.action, attached.broker, detached.broker) == ("attach", "b1.3", "b1.3")
+    assert len(published) > 100
+    if got != published:  # say which broker gave up on what (the containers go with the module)
+        logs = {b: overlay.logs(b.replace(".", "-")) for b in sorted(overlay.client_ports)}
+        logs["b1.3"] = joined_log
+        said = [
+            f"{b}: {line}"
+            for b, text in logs.items()
+            for line in text.splitlines()
+            if any(word in line for word in ("abandon", "blame", "refus", "WARNING", "ERROR"))
+        ]
+        missing = sorted({p[0] for p in published} - {g[0] for g in got})
+        pytest.fail(f"missing seqs {missing}; brokers said:\n" + "\n".join(said[-60:]))
+    assert status == "healthy"
+    assert len(set(images.values())) == 1, images  # its siblings' image, whatever the tag is now
+    assert set(health["links"]) == {b for b in overlay.client_ports if b.startswith(("b0", "b2"))}
+    assert not health["missing_links"]
+    assert ended.get(4, 0) > began.get(4, 0), (began, ended)
+    assert replicas.manifest.members["b1"] == ("b1.0", "b1.1", "b1.2")
+    project = f"label=com.docker.compose.project={overlay.project}"
+    service = "label=com.docker.compose.service=b1-3"
+    gone = run([overlay.docker, "ps", "-aq", "--filter", project, "--filter", service])
+    assert not gone.strip(), f"b1-3 left behind: {gone}"
+    assert not (keys / OVERRIDE_FILE).exists()
 
 
 def payload(i: int) -> bytes:

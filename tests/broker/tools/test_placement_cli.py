@@ -339,3 +339,23 @@ def test_plan_from_the_analytics_of_a_run_with_a_corrupting_replica_reinforces_i
         assert {d["vn"]: d["action"] for d in json.loads(text)["diff"]}["b1"] == "keep"
     finally:
         stop_overlay(overlay.workdir)
+
+
+def test_a_compose_keys_dir_without_compose_is_refused_naming_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``compose_gen.py keys`` output (manifest, ca/, tls/, no overlay.json) is a compose
+    deployment's keys dir: read as a local overlay it would look like one with no broker
+    running, and apply would only print actions, so the command says which option it needs."""
+    from tests.test_deploy import load_compose_gen
+
+    keys = tmp_path / "keys"
+    load_compose_gen().write_keys(keys)
+    config = write_config(tmp_path / "p.toml", '[placement]\nbudget = 9\npaths = ["b0 -> b2"]\n')
+    for command in ("plan", "apply"):
+        code = cli.main(["placement", command, "--dir", str(keys), "--config", str(config)])
+        err = capsys.readouterr().err
+        assert code == 2
+        assert "is a compose deployment's keys dir" in err
+        assert "--compose FILE" in err
+    assert json.loads((keys / "manifest.json").read_text())["version"] == 0
