@@ -23,6 +23,7 @@ import contextlib
 import itertools
 import logging
 import random
+import secrets
 import socket
 import ssl
 import uuid
@@ -586,7 +587,9 @@ class Client:
         # confidential publications of this pass (ack=False), signed together at its end
         self._unsigned: list[tuple[int, dict[str, Value], Unsigned]] = []
         self.copy_patience = copy_patience
-        self.hello_options = dict(hello_options or {})
+        # The publishing session, kept across reconnects: a broker refuses a new session's
+        # publication numbered into an earlier session's seqs (a restart without first_seq).
+        self.hello_options = {"session": secrets.token_hex(8), **(hello_options or {})}
         self.copy_blames: dict[str, int] = {}
         """Brokers proven to have delivered an altered copy (or two versions of one
         publication) to this client, with how many times."""

@@ -45,6 +45,7 @@ import logging
 import random
 import ssl
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, cast
 
@@ -114,6 +115,10 @@ class UnknownState(InvalidRequest):
     code = "unknown_state"
 
 
+MAX_PUBLISHER_SESSIONS = 65_536
+"""Publishers whose last session a broker remembers (least recently published forgotten)."""
+
+
 class Connection(asyncio.Protocol):
     """One TCP connection: a local client, or a link to a neighbour broker."""
 
@@ -141,6 +146,8 @@ class Connection(asyncio.Protocol):
         self.reading_paused = False
         self.slice_scheduled = False
         self.credentials = Credentials()  # secured-topic rights from HELLO (topic_guard.py)
+        # The client's publishing session (HELLO option "session"; kept across reconnects)
+        self.session: str | None = None
         self.last_seen = time.monotonic()
         self.opened = self.last_seen
         loop = asyncio.get_running_loop()
@@ -607,6 +614,9 @@ class Broker:
         self.router: Router[Hop] = Router(self.vn, covering=config.covering)
         self.connections: set[Connection] = set()
         self.clients: dict[str, Connection] = {}
+        # Publisher id -> (session, highest seq published in it), least recently used first:
+        # a new session of a known publisher must number past the old one's.
+        self.publisher_sessions: OrderedDict[str, tuple[str, int]] = OrderedDict()
         self.links: dict[str, Connection] = {}
         self.directory: dict[str, NeighbourConfig] = {
             **{n.id: n for n in config.peers},
@@ -797,6 +807,8 @@ class Broker:
                 if self.tls is not None and conn.transport is not None:
                     certified = self.tls.client_key(conn.transport)
                 conn.credentials = self.topic_guard.admit(msg.id, msg.options, certified)
+            session = msg.options.get("session")
+            conn.session = session if isinstance(session, str) and session else None
             self.attach_client(conn, msg.id)
         options = {
             "max_frame": self.config.max_frame,
@@ -1012,11 +1024,41 @@ class Broker:
     def publish(self, source: Connection, msg: Publish) -> None:
         """A local client's publication: route it, then acknowledge or refuse it."""
         assert source.peer_id is not None
-        problem = self.forwarder.publish(source, source.peer_id, msg)
+        problem = self.stale_session(source, msg.seq) or self.forwarder.publish(
+            source, source.peer_id, msg
+        )
         if problem is not None:
             source.reject(msg.rid, problem)
-        elif msg.rid:
+            return
+        if source.session is not None:
+            self.note_published(source.peer_id, source.session, msg.seq)
+        if msg.rid:
             source.send(Ack(msg.rid))
+
+    def stale_session(self, source: Connection, seq: int) -> InvalidRequest | None:
+        """Why a publication of a new session numbers into an earlier session's seqs (or
+        None). Brokers and subscribers deduplicate by (publisher, seq): such a publication
+        would be dropped downstream as a conflicting copy of the old one, silently."""
+        known = self.publisher_sessions.get(source.peer_id or "")
+        if source.session is None or known is None or known[0] == source.session:
+            return None
+        if seq > known[1]:
+            return None
+        return InvalidRequest(
+            f"PUBLISH seq {seq}: publisher '{source.peer_id}' published up to seq {known[1]} "
+            "in an earlier session, and subscribers deduplicate by (publisher, seq); a "
+            "publisher that restarts under the same client id must continue its numbering "
+            f"past {known[1]} (Client(first_seq=...), trellis pub --first-seq)"
+        )
+
+    def note_published(self, publisher: str, session: str, seq: int) -> None:
+        sessions = self.publisher_sessions
+        known = sessions.pop(publisher, None)
+        if known is not None and known[0] == session:
+            seq = max(seq, known[1])
+        sessions[publisher] = (session, seq)
+        if len(sessions) > MAX_PUBLISHER_SESSIONS:
+            sessions.popitem(last=False)
 
     def flush(self) -> None:
         if self.shares.pending:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import pytest
 
 from broker.client import Client
+from broker.errors import InvalidRequest
 from broker.tools.local import LocalOverlay
 from overlay.tree import broker_names, line_tree
 from tests.support import drain, trellis
@@ -114,3 +115,33 @@ async def test_a_publisher_run_twice_under_one_client_id_reaches_a_subscriber_bo
     assert [m.publisher for m in got] == ["sensor"] * 10
     seqs = [m.seq for m in got]
     assert seqs == sorted(set(seqs))
+
+
+async def test_a_restarted_publisher_numbering_from_one_again_is_told_not_dropped_silently(
+    line: Callable[[int, int], LocalOverlay],
+) -> None:
+    """The edge replicas remember each publisher's last session (a nonce the SDK sends in
+    HELLO and keeps across reconnects): a new session's publication numbered into the old
+    one's seqs is refused with an error that says what to do, where before it was acked and
+    then dropped downstream; continuing the numbering is delivered."""
+    overlay = line(2, 3)
+    names = sorted(overlay.tree.brokers)
+    async with Client(overlay.endpoints(names[-1])) as sc, sc.subscribe("class = 'x'") as sub:
+        async with Client(overlay.endpoints(names[0]), client_id="sensor") as first:
+            await first.advertise("class = 'x'")
+            for i in range(3):
+                await first.publish({"class": "x"}, f"first {i}".encode())
+        async with Client(overlay.endpoints(names[0]), client_id="sensor") as again:
+            await again.advertise("class = 'x'")
+            with pytest.raises(InvalidRequest, match=r"published up to seq 3 .*first_seq"):
+                await again.publish({"class": "x"}, b"again 0")
+        async with Client(overlay.endpoints(names[0]), client_id="sensor", first_seq=4) as on:
+            await on.advertise("class = 'x'")
+            await on.publish({"class": "x"}, b"continued")
+        got = await drain(sub, idle=1.5)
+    assert [(m.seq, m.payload) for m in got] == [
+        (1, b"first 0"),
+        (2, b"first 1"),
+        (3, b"first 2"),
+        (4, b"continued"),
+    ]

@@ -299,8 +299,11 @@ async def test_a_ca_certified_tdn_is_trusted_by_clients_and_brokers_that_hold_on
             return {"credentials": present_credentials(who, who.id, time.time(), [item])}  # type: ignore[list-item]
 
         async with (
-            Client(
-                overlay.endpoint("b0"), client_id="alice", hello_options=creds(alice, (ad, None))
+            Client(  # alice published topic requests above: her numbering continues
+                overlay.endpoint("b0"),
+                client_id="alice",
+                hello_options=creds(alice, (ad, None)),
+                first_seq=time.time_ns() // 1000,
             ) as pub,
             Client(
                 overlay.endpoint("b0"), client_id="bob", hello_options=creds(bob, (ad, grant))
