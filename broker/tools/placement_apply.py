@@ -297,8 +297,19 @@ class LocalReplicas(Replicas):
         return {b: e["endpoint"] for b, e in self._brokers().items()}
 
     def _identity(self, broker_id: str, fresh: bool) -> bytes | None:
-        public = new_key_file(self.workdir / f"{broker_id}.key") if fresh else None
-        self._certify(broker_id)
+        """A key file for a fresh slot; on a TLS overlay, a certificate from the overlay's
+        CA for the replica's own key (its manifest identity), beside its siblings' (a
+        rejoining slot gets a fresh one)."""
+        key_path = self.workdir / f"{broker_id}.key"
+        public = new_key_file(key_path) if fresh else None
+        tls = self.info.get("tls")
+        if tls:
+            from security.ca import issue, load_ca, load_private_key, write_issued
+
+            directory = Path(tls["ca"]).parent
+            ca = load_ca(directory)
+            key = load_private_key(key_path)
+            write_issued(issue(ca, broker_id, "broker", key=key), ca, directory, broker_id)
         return public
 
     def _start(self, broker_id: str, vn: str, index: int, settings: dict[str, Any]) -> str:
@@ -348,20 +359,6 @@ class LocalReplicas(Replicas):
             updated = with_members(config, vn, [(b, endpoints[b]) for b in current])
             if updated != config:
                 write_config(path, updated)
-
-    def _certify(self, broker_id: str) -> None:
-        """On a TLS overlay, a certificate from the overlay's CA for the joining replica's
-        own key (its manifest identity), beside its siblings' (a rejoining slot gets a
-        fresh one)."""
-        tls = self.info.get("tls")
-        if not tls:
-            return
-        from security.ca import issue, load_ca, load_private_key, write_issued
-
-        directory = Path(tls["ca"]).parent
-        ca = load_ca(directory)
-        key = load_private_key(self.workdir / f"{broker_id}.key")
-        write_issued(issue(ca, broker_id, "broker", key=key), ca, directory, broker_id)
 
     def _config_for(
         self, broker_id: str, vn: str, index: int, extra: dict[str, Any]
