@@ -8,9 +8,10 @@ the switch, and for an attach until the new replica linked to all its neighbours
 delivery latency (publish to delivery, one clock) before, during and after each change.
 The baseline is the same run's latency before any change: the ratios compare with it.
 Every run also checks that the subscriber got each publication exactly once, in order.
-Not a test:
+``--vn b0`` (the publisher's edge VN) or ``--vn b2`` (the subscriber's) resizes an edge VN
+instead, whose client follows the change. Not a test:
 
-    .venv/bin/python bench/bench_placement.py [--runs 3] [--rate 100]
+    .venv/bin/python bench/bench_placement.py [--runs 3] [--rate 100] [--vn b1|b0|b2]
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-async def one_run(workdir: Path, rate: float, settle: float) -> RunResult:
+async def one_run(workdir: Path, rate: float, settle: float, vn: str) -> RunResult:
     overlay = start_overlay(
         workdir, line_tree(["b0", "b1", "b2"]), {}, replicas={"b0": 3, "b1": 3, "b2": 3}
     )
@@ -90,11 +91,11 @@ async def one_run(workdir: Path, rate: float, settle: float) -> RunResult:
             def changes() -> tuple[float, float]:
                 time.sleep(settle)
                 phase[0] = "attach"
-                attach = replicas.attach("b1").seconds
+                attach = replicas.attach(vn).seconds
                 phase[0] = "after attach"
                 time.sleep(settle)
                 phase[0] = "detach"
-                detach = replicas.detach("b1").seconds
+                detach = replicas.detach(vn).seconds
                 phase[0] = "after detach"
                 time.sleep(settle)
                 return attach, detach
@@ -122,11 +123,17 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--rate", type=float, default=100.0, help="publications per second")
     parser.add_argument("--settle", type=float, default=2.0, help="seconds of each steady phase")
+    parser.add_argument(
+        "--vn",
+        choices=("b0", "b1", "b2"),
+        default="b1",
+        help="the VN resized: b1 forwards only, b0 serves the publisher, b2 the subscriber",
+    )
     args = parser.parse_args()
     results = []
     for run in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="trellis-bench-placement-") as tmp:
-            result = asyncio.run(one_run(Path(tmp), args.rate, args.settle))
+            result = asyncio.run(one_run(Path(tmp), args.rate, args.settle, args.vn))
         results.append(result)
         lat = result.latency
         print(
@@ -137,7 +144,10 @@ def main() -> int:
         )
     attach = statistics.median(r.attach for r in results)
     detach = statistics.median(r.detach for r in results)
-    print(f"\nmedians of {args.runs} runs at {args.rate:g} publications/s (half confidential):")
+    print(
+        f"\nmedians of {args.runs} runs at {args.rate:g} publications/s (half confidential), "
+        f"resizing {args.vn}:"
+    )
     print(f"  time to attach a replica (3 -> 4, until linked): {attach:.2f} s")
     print(f"  time to detach a replica (4 -> 3, until stopped): {detach:.2f} s")
     print("  delivery latency, ms       median     p99   median/before")

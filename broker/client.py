@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import random
 import secrets
@@ -94,6 +95,9 @@ log = logging.getLogger("trellis.client")
 _FRAME_OVERHEAD = 64
 _KEY_MEMORY = 4096
 _CORK_LIMIT = 64 * 1024
+# NOTICE kind (both ways) and WELCOME option of a live membership change at the client's
+# edge VN (broker.daemon.membership)
+_MEMBERSHIP = "membership"
 # getaddrinfo's answers that a name does not exist (not a transient resolver failure).
 _UNKNOWN_HOST = {
     getattr(socket, name) for name in ("EAI_NONAME", "EAI_NODATA") if hasattr(socket, name)
@@ -154,6 +158,33 @@ def _load_manifest(path: str | Path) -> Manifest:
         raise
     except (OSError, ValueError) as exc:  # a missing file, not UTF-8, not JSON
         raise InvalidRequest(f"cannot read the manifest {str(path)!r}: {exc}") from exc
+
+
+def _parse_membership(
+    data: object, vn: str | None
+) -> tuple[int, list[tuple[str, str]], Manifest | None]:
+    """(version, members with their client endpoints, manifest) of an announcement."""
+    if not isinstance(data, Mapping):
+        raise TypeError("not a map")
+    version = data["version"]
+    if type(version) is not int or version < 0:
+        raise ValueError(f"version {version!r}")
+    if vn is not None and data.get("vn") != vn:
+        raise ValueError(f"it is about VN {data.get('vn')!r}, not {vn!r}")
+    raw = data["members"]
+    if not isinstance(raw, list) or not raw:
+        raise ValueError("members must be a non-empty list")
+    members: list[tuple[str, str]] = []
+    for entry in raw:
+        if (
+            not isinstance(entry, list | tuple)
+            or len(entry) != 2
+            or not all(isinstance(x, str) for x in entry)
+        ):
+            raise ValueError(f"member {entry!r} is not [broker id, HOST:PORT]")
+        members.append((entry[0], entry[1]))
+    manifest = data.get("manifest")
+    return version, members, None if manifest is None else Manifest.from_dict(manifest)
 
 
 def _error_from_wire(err: Error) -> TrellisError:
@@ -342,6 +373,11 @@ class Subscription:
             confirmed[seq] = delivery
         self._delivered[publisher] = released[-1][0]
         self._flush(publisher)
+
+    def _resize(self, faults: int) -> None:
+        """The edge VN has a new replica count: agree on ``faults + 1`` copies from now on."""
+        for publisher, stream in list(self._streams.items()):
+            self._agreed(publisher, stream, stream.resize(faults))
 
     def _expire(self) -> None:
         """Give up on publications fewer than f + 1 replicas sent while later ones were
@@ -540,6 +576,15 @@ class Client:
         # Several endpoints of a plain broker (WELCOME says vn_size 1) are alternatives:
         # one connection at a time, to whichever answers; otherwise they are replicas.
         self.alternatives = False
+        # The edge VN's membership version this client follows (-1: as given), votes for
+        # newer ones (version -> announcement -> endpoint indexes that sent it), endpoints
+        # of replicas that left, and the replica count key splits grow to once the new
+        # replicas are connected.
+        self.membership_version = -1
+        self._membership_votes: dict[int, dict[str, set[int]]] = {}
+        self._retired: set[int] = set()
+        self._split_target: int | None = None
+        self._ids: dict[int, str] = {}  # endpoint index -> broker id (from its WELCOME)
         self._failures: dict[int, tuple[bool, str]] = {}  # index -> (final, reason)
         self._hopeless = asyncio.Event()
         self._tls_failures: set[int] = set()
@@ -639,8 +684,7 @@ class Client:
         self._tls_failures.clear()
         self._hopeless.clear()
         self._supervisors = [
-            asyncio.create_task(self._supervise(i), name=f"trellis-{self.client_id}-{i}")
-            for i in range(len(self.endpoints))
+            self._supervisor(i) for i in range(len(self.endpoints)) if i not in self._retired
         ]
         waits = [asyncio.ensure_future(e.wait()) for e in (self._connected, self._hopeless)]
         try:
@@ -726,6 +770,9 @@ class Client:
             sub._end()
         self._connected.clear()
         self._disconnected.set()
+
+    def _supervisor(self, index: int) -> asyncio.Task[None]:
+        return asyncio.create_task(self._supervise(index), name=f"trellis-{self.client_id}-{index}")
 
     async def _stop_supervisors(self) -> None:
         self._stopping = True
@@ -853,9 +900,11 @@ class Client:
     ) -> Publish:
         """The PUBLISH one replica is sent: with its share when the publication opens its
         key epoch."""
-        if not unsigned.opens:
+        records = unsigned.epoch.records
+        if not unsigned.opens or link.replica >= len(records):
+            # (a replica that joined after the epoch was split holds no share of it)
             return Publish(rid, seq, attrs, unsigned.sealed, sec)
-        share = pack_record(unsigned.epoch.records[link.replica])
+        share = pack_record(records[link.replica])
         return Publish(rid, seq, attrs, unsigned.sealed, sec.with_share(share))
 
     def _sign_pending(self) -> None:
@@ -1016,9 +1065,15 @@ class Client:
             self.fault_tolerance = 0
         link.broker_id = welcome.broker_id
         link.replica = replica
+        self._ids[index] = welcome.broker_id
         self.vn = str(options.get("vn", welcome.broker_id))
-        self.vn_size = vn_size
+        if self.membership_version < 0 and _MEMBERSHIP not in options:
+            # (after a live change the announcement says, once f + 1 replicas agree: until
+            # then the count the endpoints given had, which the manifest still allows)
+            self.vn_size = vn_size
         self.max_frame = max_frame
+        if _MEMBERSHIP in options:
+            self._membership_heard(index, options[_MEMBERSHIP], link)
         log.debug(
             "%s connected to broker %s at %s:%d", self.client_id, welcome.broker_id, host, port
         )
@@ -1114,6 +1169,8 @@ class Client:
         attempt = 0
         first = True
         while self._status is not Status.CLOSED and not self._stopping:
+            if index in self._retired:
+                return
             if not first:
                 if not self.reconnect:
                     return
@@ -1151,9 +1208,13 @@ class Client:
                 raise
             if link.lost.done():
                 continue
+            if index in self._retired:
+                link.close()
+                return
             self._links[index] = link
             self.broker_id = link.broker_id
             self._update_status()
+            self._grow_split()
             if attempt:
                 log.info("%s reconnected to %s:%d", self.client_id, host, port)
             attempt = 0
@@ -1168,6 +1229,139 @@ class Client:
         if self._links.get(link.index) is link:
             del self._links[link.index]
             self._update_status()
+
+    # -- membership of the edge VN -------------------------------------------------------
+
+    def _membership_heard(self, index: int, data: object, link: _Link | None = None) -> None:
+        """One replica's word that the edge VN's membership changed (NOTICE or WELCOME).
+
+        Followed once ``f + 1`` endpoints sent the identical announcement: one of them is an
+        honest replica, which says only what the operator made every broker adopt."""
+        if self.alternatives:
+            return
+        try:
+            version, members, manifest = _parse_membership(data, self.vn)
+        except (TypeError, ValueError, KeyError) as exc:
+            log.warning("invalid membership announcement from endpoint %d: %s", index, exc)
+            return
+        if version <= self.membership_version:
+            # Already followed (a replica that adopted the version after this client
+            # connected to it tells it again): say so, or the operator waits for it.
+            link = link or self._links.get(index) or self._joining.get(index)
+            if link is not None:
+                with contextlib.suppress(ConnectionLost):
+                    link.send(Notice(_MEMBERSHIP, {"version": self.membership_version}))
+            return
+        voters = self._membership_votes.setdefault(version, {}).setdefault(
+            json.dumps(data, sort_keys=True, default=repr), set()
+        )
+        voters.add(index)
+        if len(voters) >= self.fault_tolerance + 1:
+            self._follow_membership(version, members, manifest)
+
+    def _follow_membership(
+        self, version: int, members: list[tuple[str, str]], manifest: Manifest | None
+    ) -> None:
+        """Switch to the edge VN's new members: connect to replicas that joined, leave those
+        that left, count ``f' + 1`` copies, and split keys for the new replica count (a
+        larger one once the joining replicas are connected)."""
+        self.membership_version = version
+        self._membership_votes = {v: c for v, c in self._membership_votes.items() if v > version}
+        if (
+            manifest is not None
+            and self.manifest is not None
+            and manifest.version > self.manifest.version
+        ):
+            self.manifest = manifest
+        ids = {b for b, _ in members}
+        assigned: dict[str, int] = {}
+        for member, endpoint in members:
+            index = self._endpoint_of(member, endpoint, set(assigned.values()))
+            if index is not None:
+                assigned[member] = index
+        kept = set(assigned.values())
+        leaving = [
+            i
+            for i in range(len(self.endpoints))
+            if i not in kept
+            and i not in self._retired
+            and (
+                (i in self._ids and self._ids[i] not in ids)
+                or (i not in self._ids and len(assigned) == len(members))
+            )
+        ]
+        size = len(members)
+        self.fault_tolerance = (size - 1) // 2
+        self.quorum = size // 2 + 1
+        for sub in list(self._subscriptions.values()):
+            sub._resize(self.fault_tolerance)
+        ack = Notice(_MEMBERSHIP, {"version": version})
+        for link in [*self._links.values(), *self._joining.values()]:
+            with contextlib.suppress(ConnectionLost):
+                link.send(ack)
+        for index in leaving:
+            self._retire(index)
+        if size < self.vn_size:
+            self.vn_size = size
+            self._epoch = None  # the next key epoch is split for the members in force
+        elif size > self.vn_size:
+            self._split_target = size
+        self._grow_split()
+        self._update_status()
+        log.info(
+            "%s follows membership version %d of %s: %s",
+            self.client_id,
+            version,
+            self.vn,
+            ", ".join(b for b, _ in members),
+        )
+
+    def _endpoint_of(self, member: str, endpoint: str, taken: set[int]) -> int | None:
+        """The endpoint index of ``member``: known by its WELCOME, else by its address,
+        else a new endpoint (its connection starts now); None when it has no address."""
+        for index, broker_id in self._ids.items():
+            if broker_id == member and index not in self._retired:
+                return index
+        if not endpoint:
+            return None
+        try:
+            address = parse_endpoint(endpoint)
+        except InvalidRequest:
+            return None
+        for index, known in enumerate(self.endpoints):
+            if (
+                known == address
+                and index not in taken
+                and index not in self._retired
+                and self._ids.get(index, member) == member
+            ):
+                return index
+        self.endpoints.append(address)
+        index = len(self.endpoints) - 1
+        if self._status is not Status.CLOSED and not self._stopping:
+            self._supervisors.append(self._supervisor(index))
+        return index
+
+    def _retire(self, index: int) -> None:
+        """Stop using the endpoint of a replica that left: nothing more is sent to it."""
+        self._retired.add(index)
+        for links in (self._links, self._joining):
+            link = links.pop(index, None)
+            if link is not None:
+                link.flush()  # the acknowledgement of the version goes out first
+                link.close()
+
+    def _grow_split(self) -> None:
+        """Split keys for the larger replica count once every joining replica is connected
+        (before that, for the members the client reaches: an earlier count stays valid)."""
+        target = self._split_target
+        if target is None:
+            return
+        connected = {link.replica for link in self._links.values()}
+        if all(slot in connected for slot in range(self.vn_size, target)):
+            self.vn_size = target
+            self._split_target = None
+            self._epoch = None
 
     def _assembly(self, publisher: str, seq: int) -> KeyAssembly:
         key = (publisher, seq)
@@ -1361,5 +1555,7 @@ class Client:
                         sub.dropped += int(count)
             case Notice("shutdown", _):
                 log.info("broker %s is shutting down", self.broker_id)
+            case Notice("membership", data):
+                self._membership_heard(link.index, data, link)
             case _:
                 raise ProtocolError(f"unexpected {type(msg).__name__.upper()} from broker")

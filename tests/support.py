@@ -6,11 +6,19 @@ import asyncio
 import itertools
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from broker.client import Client, Delivery, Subscription
 from broker.errors import TrellisTimeout
 from broker.tools.local import LocalOverlay
+
+
+async def until(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Wait for a condition on state that offers no event to await (a broker's, a client's)."""
+    async with asyncio.timeout(timeout):
+        while not check():  # noqa: ASYNC110 - polling state from outside its owner
+            await asyncio.sleep(0.01)
 
 
 async def drain(sub: Subscription, idle: float = 0.5) -> list[Delivery]:

@@ -148,6 +148,10 @@ class Connection(asyncio.Protocol):
         self.credentials = Credentials()  # secured-topic rights from HELLO (topic_guard.py)
         # The client's publishing session (HELLO option "session"; kept across reconnects)
         self.session: str | None = None
+        # A client's edge VN changed membership: the version this connection was told of, and
+        # the one the client said it follows (``NOTICE membership`` both ways).
+        self.membership_due = -1
+        self.membership_seen = -1
         self.last_seen = time.monotonic()
         self.opened = self.last_seen
         loop = asyncio.get_running_loop()
@@ -455,6 +459,11 @@ class Connection(asyncio.Protocol):
                 self.send(Pong(token))
             case Pong():
                 pass
+            case Notice(membership.OP, data):
+                version = data.get("version")
+                if type(version) is not int:
+                    raise ProtocolError("NOTICE membership needs an integer 'version'")
+                self.membership_seen = max(self.membership_seen, version)
             case Hello():
                 raise ProtocolError("HELLO received twice on one connection")
             case _:
@@ -618,6 +627,9 @@ class Broker:
         # a new session of a known publisher must number past the old one's.
         self.publisher_sessions: OrderedDict[str, tuple[str, int]] = OrderedDict()
         self.links: dict[str, Connection] = {}
+        # Set once a live membership change resized this broker's own VN: the NOTICE its
+        # clients were sent, repeated in WELCOME (what a client that connects later follows).
+        self.vn_membership: dict[str, Any] | None = None
         self.directory: dict[str, NeighbourConfig] = {
             **{n.id: n for n in config.peers},
             **{n.id: n for n in config.neighbours},
@@ -748,6 +760,13 @@ class Broker:
     def connection_counts(self) -> tuple[int, int]:
         return len(self.clients), len(self.links)
 
+    @property
+    def vn_size(self) -> int:
+        """Replicas of this broker's VN: the manifest in force says, after live changes."""
+        manifest = self.shares.manifest
+        members = manifest.members.get(self.vn) if manifest is not None else None
+        return len(members) if members else self.config.vn_size
+
     def health(self) -> dict[str, object]:
         """The broker's state at a glance (``/healthz``): ``degraded`` while a link to a
         current neighbour is down, naming it in ``missing_links``."""
@@ -757,6 +776,9 @@ class Broker:
             "status": "degraded" if missing else "ok",
             "id": self.config.id,
             "clients": len(self.clients),
+            "clients_switching": sum(
+                1 for c in self.clients.values() if c.membership_seen < c.membership_due
+            ),
             "links": sorted(self.links),
             "missing_links": missing,
             "srt": self.router.srt_size,
@@ -776,9 +798,16 @@ class Broker:
         if sender != self.config.id:
             return Reply(False, f"{self.config.id}: membership changes under the broker's own id")
         try:
-            membership.adopt(self, data)
+            notice = membership.adopt(self, data)
         except TrellisError as exc:
             return Reply(False, f"{self.config.id}: {exc.message}")
+        if notice is not None:
+            # This broker's own VN changed: its clients follow (they count f + 1 of these).
+            self.vn_membership = notice
+            version = int(notice["version"])
+            for client in self.clients.values():
+                client.membership_due = version
+                client.send(Notice(membership.OP, notice))
         self.flush()
         return Reply(True)
 
@@ -810,12 +839,14 @@ class Broker:
             session = msg.options.get("session")
             conn.session = session if isinstance(session, str) and session else None
             self.attach_client(conn, msg.id)
-        options = {
+        options: dict[str, Any] = {
             "max_frame": self.config.max_frame,
             "vn": self.vn,
             "replica": self.config.replica,
-            "vn_size": self.config.vn_size,
+            "vn_size": self.vn_size,
         }
+        if self.vn_membership is not None and not conn.is_broker:
+            options[membership.OP] = self.vn_membership
         conn.send(Welcome(PROTOCOL_VERSION, self.config.id, options))
         if conn.is_broker:
             self.link_up(conn)

@@ -18,6 +18,13 @@ members, none before it does (``splits_by_scheme`` in ``/healthz`` counts splits
   sent it) and is sent this broker's state for its VN when its link comes up;
 * counts copies from that VN against ``f' + 1`` from now on.
 
+When the broker's *own* VN changes (it serves clients there: an edge VN), the broker tells
+each of its clients with ``NOTICE membership`` (the version, the VN's members in slot order
+with the endpoints clients dial them at, and the manifest), and repeats it in the WELCOME of
+clients that connect later. A client follows a version once ``f + 1`` replicas of its VN sent
+it identical (one of them is honest), and answers with ``NOTICE membership`` naming the
+version; the operator waits for those answers before it stops a replica that leaves.
+
 Key shares already being verified are checked against the new version too: it keeps the
 replica counts earlier versions allowed, so shares split before the switch still verify.
 """
@@ -62,26 +69,44 @@ class Broker(Protocol):
     def stop_dialer(self, peer_id: str) -> None: ...
 
 
+def _endpoint_map(data: Mapping[str, Any], field: str) -> dict[str, str]:
+    value = data.get(field, {})
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise InvalidRequest(f"RECONF membership field {field!r} must map broker ids to HOST:PORT")
+    return value
+
+
 def parse_endpoints(data: Mapping[str, Any]) -> tuple[int, dict[str, str]]:
     """The (version, joining broker id -> HOST:PORT) a membership request names."""
     version = data.get("version")
-    endpoints = data.get("endpoints", {})
     if type(version) is not int or version < 0:
         raise InvalidRequest("RECONF membership field 'version' must be a non-negative integer")
-    if not isinstance(endpoints, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in endpoints.items()
-    ):
-        raise InvalidRequest("RECONF membership field 'endpoints' must map broker ids to HOST:PORT")
-    return version, endpoints
+    return version, _endpoint_map(data, "endpoints")
 
 
-def adopt(broker: Broker, data: Mapping[str, Any]) -> dict[str, list[int]]:
+def client_notice(manifest: Manifest, vn: str, clients: Mapping[str, str]) -> dict[str, Any]:
+    """What a client of ``vn`` is told of a membership version: the members in slot order,
+    each with the endpoint clients dial it at ("" when the operator did not say), and the
+    manifest itself (a client without the file still verifies the new replicas' shares)."""
+    return {
+        "version": manifest.version,
+        "vn": vn,
+        "members": [[m, clients.get(m, "")] for m in manifest.members[vn]],
+        "manifest": manifest.to_dict(),
+    }
+
+
+def adopt(broker: Broker, data: Mapping[str, Any]) -> dict[str, Any] | None:
     """Adopt the manifest version the operator wrote to this broker's manifest file.
 
-    Returns, per neighbouring VN whose replica count changed, ``[old r, new r]``. A version
-    not newer than the one in force is a no-op (a repeated request).
+    Returns the ``NOTICE membership`` for this broker's clients when its own VN's members
+    changed (None otherwise). A version not newer than the one in force is a no-op (a
+    repeated request).
     """
     version, endpoints = parse_endpoints(data)
+    clients = _endpoint_map(data, "clients")
     path = broker.config.manifest
     shares = broker.shares
     if path is None or shares.manifest is None:
@@ -95,7 +120,7 @@ def adopt(broker: Broker, data: Mapping[str, Any]) -> dict[str, list[int]]:
             f"the manifest file is at version {manifest.version}, the request names {version}"
         )
     if version <= shares.manifest.version:
-        return {}
+        return None
     if manifest.owner(broker.config.id) != broker.vn:
         raise InvalidRequest(f"version {version} does not keep {broker.config.id} in {broker.vn}")
     switched: dict[str, list[int]] = {}
@@ -106,9 +131,15 @@ def adopt(broker: Broker, data: Mapping[str, Any]) -> dict[str, list[int]]:
         if members != shares.manifest.members.get(vn):
             switched[vn] = [hop.size, len(members)]
             _switch(broker, vn, members, endpoints)
+    own = manifest.members.get(broker.vn) != shares.manifest.members.get(broker.vn)
     shares.adopt_manifest(manifest)
-    log.info("adopted manifest version %d; switched %s", version, switched or "nothing")
-    return switched
+    log.info(
+        "adopted manifest version %d; switched %s%s",
+        version,
+        switched or "nothing",
+        f"; own VN {broker.vn} now {manifest.members[broker.vn]}" if own else "",
+    )
+    return client_notice(manifest, broker.vn, clients) if own else None
 
 
 def _switch(

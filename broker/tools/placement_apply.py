@@ -16,6 +16,13 @@ acknowledge the switch (no one sends to the leaving replica any more), then stop
 SIGTERM, so it routes what it already received and flushes its links before it exits.
 A detach gives back the VN's last slot, so the remaining replicas keep their indices.
 
+A VN that serves clients (an edge VN) is resized the same way: the switch names the
+endpoints clients dial its members at, its replicas tell their clients, and each client
+follows once ``f + 1`` replicas told it the same (it connects to a replica that joined, leaves
+one that left, counts ``f' + 1`` copies, splits keys for ``r'``). Both steps wait until every
+client of the VN said it follows the new version (``clients_switching`` in ``/healthz``), so a
+leaving replica is stopped only once no client publishes through it.
+
 :class:`Replicas` holds those steps; where brokers run and how one starts and stops is the
 deployment's: :class:`LocalReplicas` (broker processes of ``trellis up``) here,
 :class:`broker.tools.placement_compose.ComposeReplicas` (containers of the compose
@@ -53,6 +60,7 @@ from security.envelope import generate_signing_key, private_key_to_bytes, public
 
 CONTROL_TIMEOUT = 10.0
 LINK_TIMEOUT = 20.0
+CLIENTS_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True)
@@ -61,10 +69,11 @@ class MembershipStep:
 
     version: int
     endpoints: dict[str, str]
+    clients: dict[str, str]
     op: str = OP
 
     def to_data(self) -> dict[str, Any]:
-        return {"version": self.version, "endpoints": self.endpoints}
+        return {"version": self.version, "endpoints": self.endpoints, "clients": self.clients}
 
 
 @dataclass(frozen=True)
@@ -76,6 +85,8 @@ class Change:
     broker: str
     seconds: float
     version: int
+    clients_behind: int = 0
+    """Client connections of the VN that had not followed the change by the deadline."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -84,6 +95,7 @@ class Change:
             "broker": self.broker,
             "seconds": round(self.seconds, 3),
             "version": self.version,
+            "clients_behind": self.clients_behind,
         }
 
 
@@ -136,10 +148,13 @@ class Replicas(ABC):
     def _write_manifest(self, manifest: Manifest) -> None:
         manifest.save(self.manifest_path)
 
-    def _publish(self, manifest: Manifest, endpoints: dict[str, str]) -> None:
-        """Write ``manifest`` and have every running broker adopt it (all acknowledge)."""
+    def _publish(
+        self, manifest: Manifest, endpoints: dict[str, str], clients: dict[str, str] | None = None
+    ) -> None:
+        """Write ``manifest`` and have every running broker adopt it (all acknowledge);
+        ``clients``: the endpoints clients dial a resized VN's members at."""
         self._write_manifest(manifest)
-        step = MembershipStep(manifest.version, endpoints)
+        step = MembershipStep(manifest.version, endpoints, clients or {})
 
         async def one(me: str, broker: BrokerAccess) -> None:
             channel = ControlChannel(me, me, broker.endpoint, broker.tls)
@@ -175,9 +190,10 @@ class Replicas(ABC):
         endpoint = self._start(broker_id, vn, index, settings or {})
         switched = prepared.resized(vn, index + 1)
         self._record(vn, switched.members[vn])
-        self._publish(switched, {broker_id: endpoint})
+        self._publish(switched, {broker_id: endpoint}, self._client_endpoints(switched, vn))
         self._wait_links(broker_id)
-        return Change("attach", vn, broker_id, time.monotonic() - started, switched.version)
+        behind = self._wait_clients(vn, switched.members[vn])
+        return Change("attach", vn, broker_id, time.monotonic() - started, switched.version, behind)
 
     def detach(self, vn: str) -> Change:
         """Switch the overlay away from ``vn``'s last replica, then stop it gracefully."""
@@ -192,10 +208,35 @@ class Replicas(ABC):
         prepared = manifest.prepared(vn, len(members) - 1)
         self._publish(prepared, {})
         switched = prepared.resized(vn, len(members) - 1)
-        self._publish(switched, {})
+        self._publish(switched, {}, self._client_endpoints(switched, vn))
+        behind = self._wait_clients(vn, members)
         self._stop(leaving)
         self._record(vn, switched.members[vn])
-        return Change("detach", vn, leaving, time.monotonic() - started, switched.version)
+        return Change("detach", vn, leaving, time.monotonic() - started, switched.version, behind)
+
+    def _client_endpoints(self, manifest: Manifest, vn: str) -> dict[str, str]:
+        """Where clients dial the members of ``vn`` (the operator's own endpoints for them)."""
+        running = self.running()
+        return {b: running[b].endpoint for b in manifest.members[vn] if b in running}
+
+    def _wait_clients(self, vn: str, replicas: Sequence[str]) -> int:
+        """Wait until every client of ``vn``'s ``replicas`` follows the version in force;
+        returns how many client connections still did not by the deadline (they are told
+        again in their next WELCOME)."""
+        deadline = time.monotonic() + CLIENTS_TIMEOUT
+        while True:
+            running = self.running()
+            behind = 0
+            for broker_id in replicas:
+                if broker_id in running:
+                    try:
+                        health = fetch_json(running[broker_id].admin + "/healthz")
+                    except (OSError, ValueError):
+                        continue
+                    behind += int(health.get("clients_switching", 0))
+            if not behind or time.monotonic() > deadline:
+                return behind
+            time.sleep(0.02)
 
     def health(self) -> dict[str, dict[str, Any]]:
         """``/healthz`` of every running broker that answers, by id."""
@@ -206,34 +247,6 @@ class Replicas(ABC):
             except (OSError, ValueError):
                 continue
         return out
-
-    def refuse_client_vns(self, vns: Iterable[str]) -> None:
-        """Refuse, before anything changes, a plan that resizes a VN serving clients.
-
-        Attach/detach is built for VNs that only forward: a client keeps the endpoint list
-        and replica count it was given, so a subscriber at a resized edge VN would miss the
-        new replica's copies and key shares (or wait for a replica that left).
-
-        Raises:
-            OverlayError: naming each such VN and how many clients it serves.
-        """
-        brokers = self.running()
-        serving: dict[str, int] = {}
-        for vn in sorted(set(vns)):
-            for broker_id in self.manifest.members.get(vn, ()):
-                if broker_id in brokers:
-                    health = fetch_json(brokers[broker_id].admin + "/healthz")
-                    clients = int(health.get("clients", 0))
-                    if clients:
-                        serving[vn] = serving.get(vn, 0) + clients
-        if serving:
-            listed = ", ".join(f"{vn} ({n} client connection(s))" for vn, n in serving.items())
-            raise OverlayError(
-                f"the plan resizes VNs that serve clients: {listed}; live attach/detach is "
-                "built for VNs that only forward (a client keeps the endpoint list and replica "
-                "count it was given). Leave them out of the plan ([placement] weights, paths) "
-                "or move their clients first"
-            )
 
     def _linked_vns(self, sibling: str, vn: str) -> list[str]:
         """The VNs a running replica of ``vn`` links to now (the joining one will too)."""

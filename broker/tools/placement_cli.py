@@ -324,13 +324,18 @@ def cmd_apply(args: argparse.Namespace) -> int:
             print(f"  {action} one replica {'to' if action == 'attach' else 'from'} {vn}")
         return 0
     replicas = deployment or LocalReplicas(workdir)
-    replicas.refuse_client_vns(vn for _, vn in actions)
     print("applying:")
     for action, vn in actions:
         change = replicas.attach(vn) if action == "attach" else replicas.detach(vn)
+        behind = (
+            f"; {change.clients_behind} client connection(s) of {change.vn} did not follow "
+            "in time (they are told again when they reconnect)"
+            if change.clients_behind
+            else ""
+        )
         print(
             f"  {change.action} {change.broker} ({change.vn}): {change.seconds:.2f} s, "
-            f"manifest version {change.version}",
+            f"manifest version {change.version}{behind}",
             flush=True,
         )
     return 0

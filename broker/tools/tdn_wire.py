@@ -126,9 +126,7 @@ def seal_answer(
     return seal_reply(reply_key, msgpack.packb(fields, use_bin_type=True))
 
 
-def open_answer(
-    reply_key: ReplyKey, sealed: bytes
-) -> tuple[str, bytes, dict[str, Any], bytes]:
+def open_answer(reply_key: ReplyKey, sealed: bytes) -> tuple[str, bytes, dict[str, Any], bytes]:
     """(signer id, signer key, body, certificate or empty) of an answer; the caller checks
     who signed it.
 

@@ -12,6 +12,7 @@ afterwards (containers, the network, volumes; a dockerd this test started is sto
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -28,7 +29,7 @@ import pytest
 from broker.client import Client, Subscription
 from broker.errors import ConnectionLost, TLSError, TrellisTimeout
 from broker.tools import cli
-from broker.tools.local import ClientTLS, fetch_json, free_ports
+from broker.tools.local import ClientTLS, OverlayError, fetch_json, free_ports
 from broker.tools.placement_compose import OVERRIDE_FILE, ComposeReplicas
 from security.ca import create_ca, issue, save_ca, write_issued
 from tests.test_deploy import DASHBOARD, dashboard_queries, load_compose_gen
@@ -319,7 +320,7 @@ def wait_healthy(overlay: ComposeOverlay, container: str, timeout: float = 30) -
         time.sleep(0.5)
 
 
-async def test_a_replica_attaches_to_the_middle_vn_and_detaches_while_publications_flow(
+async def test_replicas_attach_to_the_middle_and_edge_vns_and_detach_while_publications_flow(
     overlay: ComposeOverlay, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Plain and confidential publications flow from the host (b0) to a subscriber at b2 over
@@ -327,10 +328,11 @@ async def test_a_replica_attaches_to_the_middle_vn_and_detaches_while_publicatio
     detaches it: each arrives exactly once, in order, byte for byte; the new container runs
     its siblings' image, links to every replica of b0 and b2 and reports healthy; b0's
     replicas split toward b1 with r = 4 while it was there; after the detach its container
-    is gone. Beforehand,
-    ``trellis placement`` with ``--compose`` reads the deployment (nine brokers running, the
-    tree of their live links) and refuses a plan that would resize b0, which serves the
-    publisher, changing nothing."""
+    is gone. Then a fourth replica joins b0, the publisher's own edge VN, and leaves again:
+    the publisher on the host follows both changes (it dials the new container's published
+    port and stops using it once it leaves). Beforehand, ``trellis placement`` with
+    ``--compose`` reads the deployment (nine brokers running, the tree of their live links)
+    and, asked for a dry run, lists the attach to b0 that its plan needs, changing nothing."""
     keys = overlay.manifest.parent
     replicas = ComposeReplicas(keys, COMPOSE_FILE, overlay.project, overlay.env, overlay.docker)
     forwarders = [b for b in sorted(overlay.client_ports) if b.startswith("b0")]
@@ -363,8 +365,8 @@ async def test_a_replica_attaches_to_the_middle_vn_and_detaches_while_publicatio
         planned = await asyncio.to_thread(cli.main, ["placement", "plan", *deployment, "--json"])
         plan = json.loads(capsys.readouterr().out)
         version = replicas.manifest.version
-        refused = await asyncio.to_thread(cli.main, ["placement", "apply", *deployment])
-        refusal = capsys.readouterr().err
+        dry = await asyncio.to_thread(cli.main, ["placement", "apply", *deployment, "--dry-run"])
+        dry_run = capsys.readouterr().out
         assert replicas.manifest.version == version
         publisher = asyncio.create_task(publish(pub))
         try:
@@ -384,11 +386,18 @@ async def test_a_replica_attaches_to_the_middle_vn_and_detaches_while_publicatio
             joined_log = await asyncio.to_thread(run, [overlay.docker, "logs", container])
             detached = await asyncio.to_thread(replicas.detach, "b1")
             await asyncio.sleep(1.0)
+            edge_attached = await asyncio.to_thread(replicas.attach, "b0")
+            await asyncio.sleep(1.0)
+            followed = (pub.membership_version, pub.vn_size, len(pub.endpoints))
+            edge_detached = await asyncio.to_thread(replicas.detach, "b0")
+            await asyncio.sleep(1.0)
         finally:
             stop.set()
             await publisher
             if (keys / OVERRIDE_FILE).exists():  # failed between attach and detach
-                await asyncio.to_thread(replicas.compose, "rm", "-f", "-s", "-v", "b1-3")
+                for left in ("b1-3", "b0-3"):
+                    with contextlib.suppress(OverlayError):  # (not started)
+                        await asyncio.to_thread(replicas.compose, "rm", "-f", "-s", "-v", left)
         await pub.drain(30)
         got: list[tuple[int, bytes, bool]] = []
         while len(got) < len(published):
@@ -407,8 +416,12 @@ async def test_a_replica_attaches_to_the_middle_vn_and_detaches_while_publicatio
     assert [(c["vn"], c["current"], c["planned"]) for c in plan["diff"] if c["delta"]] == [
         ("b0", 3, 4)
     ]
-    assert refused == 2
-    assert "the plan resizes VNs that serve clients: b0 (" in refusal
+    assert dry == 0
+    assert "attach one replica to b0" in dry_run
+    assert (edge_attached.broker, edge_detached.broker) == ("b0.3", "b0.3")
+    assert (edge_attached.clients_behind, edge_detached.clients_behind) == (0, 0)
+    assert followed == (edge_attached.version, 4, 4)
+    assert replicas.manifest.members["b0"] == ("b0.0", "b0.1", "b0.2")
     assert (attached.action, attached.broker, detached.broker) == ("attach", "b1.3", "b1.3")
     assert len(published) > 100
     if got != published:  # say which broker gave up on what (the containers go with the module)

@@ -22,6 +22,7 @@ from broker.tools.launcher import BrokerProcess, start_broker
 from broker.tools.local import LocalOverlay, fetch_json, stop_overlay
 from broker.tools.placement_apply import LocalReplicas
 from overlay.tree import line_tree
+from tests.support import until
 
 pytestmark = pytest.mark.slow
 
@@ -69,13 +70,23 @@ def splits_toward(workdir: Path, forwarders: list[str], vn: str) -> dict[int, in
 Stream = dict[str, list[tuple[int, bytes]]]
 
 
-async def exchange(overlay: LocalOverlay, steps: Callable[[], None]) -> tuple[Stream, Stream]:
+async def exchange(
+    overlay: LocalOverlay,
+    steps: Callable[[], None],
+    clients: dict[str, Client] | None = None,
+    splits: list[tuple[float, int]] | None = None,
+) -> tuple[Stream, Stream]:
     """Plain and confidential publications from b0 to a subscriber at the last VN while
-    ``steps`` runs in a thread; what was published and what arrived, by kind."""
+    ``steps`` runs in a thread; what was published and what arrived, by kind.
+
+    ``clients`` receives the publisher and subscriber (as "pub" and "sub"); ``splits`` the
+    (time, replica count) the publisher split each confidential publication's key for."""
     tls = overlay.client_tls()
     last = f"b{len(overlay.tree.brokers) - 1}"
     pub = Client(overlay.endpoints("b0"), client_id="pub", **tls)
     sub = Client(overlay.endpoints(last), client_id="sub", manifest=overlay.manifest_path, **tls)
+    if clients is not None:
+        clients.update(pub=pub, sub=sub)
     published: Stream = {"secret": [], "plain": []}
     got: Stream = {"secret": [], "plain": []}
     stop = asyncio.Event()
@@ -87,6 +98,8 @@ async def exchange(overlay: LocalOverlay, steps: Callable[[], None]) -> tuple[St
             kind = "secret" if i % 2 == 0 else "plain"
             payload = f"{kind} {i} ".encode() * 4
             seq = await pub.publish({"class": kind, "i": i}, payload, confidential=kind == "secret")
+            if splits is not None and kind == "secret":
+                splits.append((time.monotonic(), pub.vn_size))
             published[kind].append((seq, payload))
             await asyncio.sleep(0.005)
 
@@ -241,4 +254,104 @@ def test_a_neighbour_restarted_from_its_config_knows_the_replicas_that_joined_an
         assert health["manifest_version"] == detached.version
     finally:
         for proc in [*restarted, *replicas.started.values()]:
+            proc.stop()
+
+
+async def test_edge_vns_attach_and_detach_live_and_their_clients_follow(line_of_vns) -> None:
+    """The publisher's and the subscriber's own edge VNs grow and shrink (3 -> 4 -> 5 -> 4 ->
+    3 at the publisher's, with a replica that corrupts from the moment it joins; 3 -> 4 -> 3
+    at the subscriber's) while plain and confidential publications flow: both clients follow
+    each change (they connect to the replica that joined, leave the one that left, and the
+    publisher splits keys for the new count), and every publication arrives exactly once, in
+    order, byte for byte."""
+    overlay = line_of_vns([3, 1, 3])
+    replicas = LocalReplicas(overlay.workdir)
+    clients: dict[str, Client] = {}
+    splits: list[tuple[float, int]] = []
+    # (action, VN, the clients' view right after: publisher's and subscriber's replica counts)
+    seen: list[tuple[str, str, str, int, int, int]] = []
+    windows: list[tuple[float, float, int]] = []  # publisher split counts in force
+
+    def steps() -> None:
+        plan: list[tuple[str, str, dict[str, Any]]] = [
+            ("attach", "b2", {}),
+            ("attach", "b0", {}),
+            ("attach", "b0", {"byzantine": "corrupt"}),
+            ("detach", "b0", {}),
+            ("detach", "b0", {}),
+            ("detach", "b2", {}),
+        ]
+        for action, vn, settings in plan:
+            time.sleep(0.8)
+            began = time.monotonic()
+            change = replicas.attach(vn, settings) if action == "attach" else replicas.detach(vn)
+            done = time.monotonic()
+            pub, sub = clients["pub"], clients["sub"]
+            seen.append((action, vn, change.broker, change.clients_behind, pub.quorum, sub.quorum))
+            r = len(replicas.manifest.members["b0"])
+            if windows:
+                windows[-1] = (windows[-1][0], began, windows[-1][2])
+            windows.append((done, float("inf"), r))
+        time.sleep(0.8)
+
+    try:
+        published, got = await exchange(overlay, steps, clients, splits)
+    finally:
+        stop_overlay(overlay.workdir)
+        for proc in replicas.started.values():
+            proc.stop()
+
+    assert [(a, vn, b, behind) for a, vn, b, behind, _, _ in seen] == [
+        ("attach", "b2", "b2.3", 0),
+        ("attach", "b0", "b0.3", 0),
+        ("attach", "b0", "b0.4", 0),
+        ("detach", "b0", "b0.4", 0),
+        ("detach", "b0", "b0.3", 0),
+        ("detach", "b2", "b2.3", 0),
+    ]
+    # quorums the clients count with right after each change: (publisher's, subscriber's)
+    assert [(pq, sq) for *_, pq, sq in seen] == [(2, 3), (3, 3), (3, 3), (3, 3), (2, 3), (2, 2)]
+    assert len(published["secret"]) > 100
+    assert got["secret"] == published["secret"]
+    assert got["plain"] == published["plain"]
+    # After each change at b0 the publisher splits for the count in force: at once after a
+    # detach; after an attach once its connection to the new replica is up (the count
+    # before stays valid meanwhile), never for a count the VN no longer has.
+    counts = {3: 3, 4: 4, 5: 5}
+    for start, end, r in windows:
+        used = [n for t, n in splits if start + 0.3 <= t < end]
+        assert used, f"no confidential publication while b0 had {r} replicas"
+        assert set(used) == {counts[r]}, (r, sorted(set(used)))
+    clients.clear()
+
+
+async def test_a_client_given_the_old_replicas_learns_the_new_ones_from_welcome(
+    line_of_vns,
+) -> None:
+    """A client started after its edge VN grew, with the endpoints it had before, learns the
+    members from the replicas' WELCOME (f + 1 of them agree) and uses the new one too; after
+    the VN shrinks again a new client given all four stops using the one that left."""
+    overlay = line_of_vns([3, 1])
+    old = overlay.endpoints("b0")
+    replicas = LocalReplicas(overlay.workdir)
+    try:
+        attached = await asyncio.to_thread(replicas.attach, "b0")
+        async with Client(old, client_id="late") as late:
+            await until(lambda: late.vn_size == 4, 10)
+            assert (late.membership_version, late.vn_size) == (attached.version, 4)
+            assert len(late.endpoints) == 4
+            assert late.quorum == 3
+        four = [*old, replicas.running()["b0.3"].endpoint]
+        detached = await asyncio.to_thread(replicas.detach, "b0")
+        async with Client(four, client_id="later") as later:
+            await until(lambda: later.membership_version == detached.version, 10)
+            assert (later.membership_version, later.vn_size, later.quorum) == (
+                detached.version,
+                3,
+                2,
+            )
+            await later.flush()  # three replicas answer
+    finally:
+        stop_overlay(overlay.workdir)
+        for proc in replicas.started.values():
             proc.stop()

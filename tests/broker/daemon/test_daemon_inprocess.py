@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
@@ -18,6 +18,7 @@ from broker.daemon.config import BrokerConfig
 from broker.daemon.server import Server
 from broker.errors import ConnectionLost
 from broker.tools.local import free_ports
+from tests.support import until
 
 
 @asynccontextmanager
@@ -51,13 +52,6 @@ async def http_get(port: int | None, path: str) -> tuple[str, bytes]:
     writer.close()
     head, _, body = data.partition(b"\r\n\r\n")
     return head.decode().split("\r\n")[0], body
-
-
-async def until(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Wait for a condition on the broker's state (which offers no event to await)."""
-    async with asyncio.timeout(timeout):
-        while not check():  # noqa: ASYNC110 - polling state from outside the daemon
-            await asyncio.sleep(0.01)
 
 
 async def test_in_process_broker_serves_pub_sub_and_admin_endpoints() -> None:

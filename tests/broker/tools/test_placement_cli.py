@@ -167,31 +167,51 @@ def test_apply_prints_the_actions_when_no_broker_runs_or_on_a_dry_run(
 
 
 @pytest.mark.slow
-def test_apply_refuses_a_plan_that_resizes_a_vn_serving_clients_before_changing_anything(
+def test_apply_resizes_a_vn_serving_clients_and_its_clients_follow(
     tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
     run_overlay: Callable[..., LocalOverlay],
 ) -> None:
+    """``apply`` grows b0, which serves a publisher, live: the publisher learns the new
+    replica from b0 (``NOTICE membership``), connects to it, and what it publishes after
+    still reaches the subscriber at b2."""
     overlay = run_overlay(TREE, replicas=REPLICAS)
     config = write_config(tmp_path / "p.toml", '[placement]\nbudget = 6\npaths = ["b0 -> b2"]\n')
-    before = {b: p.pid for b, p in overlay.brokers.items()}
 
-    async def apply_with_a_client_at_b0() -> int:
-        async with Client(overlay.endpoints("b0"), client_id="edge"):
-            return await asyncio.to_thread(
-                cli.main,
-                ["placement", "apply", "--dir", str(overlay.workdir), "--config", str(config)],
-            )
+    async def apply_with_clients() -> tuple[subprocess.CompletedProcess[str], int, int, list[int]]:
+        async with (
+            Client(overlay.endpoints("b0"), client_id="edge") as pub,
+            Client(overlay.endpoints("b2"), client_id="far") as far,
+            far.subscribe("n >= 0") as sub,
+        ):
+            await pub.advertise("n >= 0")
+            await asyncio.to_thread(overlay.wait_quiet)
+            await pub.publish({"n": 0})
+            applied = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "broker", "placement", "apply", "--dir",
+                 str(overlay.workdir), "--config", str(config)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )  # fmt: skip
+            for n in range(1, 4):
+                await pub.publish({"n": n})
+            got = [int((await sub.get(10)).attrs["n"]) for _ in range(4)]
+            return applied, len(pub.endpoints), pub.vn_size, got
 
-    code = asyncio.run(apply_with_a_client_at_b0())
-    err = capsys.readouterr().err
-    assert code == 2
-    assert "the plan resizes VNs that serve clients: b0 (1 client connection(s))" in err
-    assert json.loads((overlay.workdir / "manifest.json").read_text())["version"] == 0
-    assert {b: p.pid for b, p in overlay.brokers.items()} == before
-    assert sorted(
-        b["id"] for b in json.loads((overlay.workdir / "overlay.json").read_text())["brokers"]
-    ) == sorted(before)
+    try:
+        applied, endpoints, splits_for, got = asyncio.run(apply_with_clients())
+    finally:
+        stop_overlay(overlay.workdir)  # the replicas apply started too
+    out = applied.stdout
+    members = json.loads((overlay.workdir / "manifest.json").read_text())["members"]["b0"]
+    assert applied.returncode == 0, applied.stderr[-3000:]
+    assert len(members) > 1
+    assert "attach b0.1 (b0)" in out
+    assert "did not follow" not in out
+    assert (endpoints, splits_for) == (len(members), len(members))
+    assert got == [0, 1, 2, 3]
 
 
 def test_plan_errors_say_what_is_missing(
