@@ -32,6 +32,7 @@ from prometheus_client.core import (
 from broker.daemon.config import BrokerConfig
 from broker.daemon.hops import Hop
 from broker.daemon.links import LinkStates
+from broker.daemon.memory_probe import MemoryProbe
 from broker.daemon.stats import MATCH_BUCKETS, BrokerStats
 from broker.daemon.trace import Logged, TraceRing, install
 from broker.routing.router import Router
@@ -413,6 +414,7 @@ async def start_admin(broker: Observed, host: str, port: int) -> asyncio.Server:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BrokerCollector(broker))
     ring = install(broker.forwarder)
+    memory = MemoryProbe()
     where: list[str] = []
 
     def api(path: str, query: dict[str, list[str]]) -> dict[str, Any] | None:
@@ -444,6 +446,9 @@ async def start_admin(broker: Observed, host: str, port: int) -> asyncio.Server:
             elif path.startswith("/reconfig"):
                 status, ctype = "200 OK", "application/json"
                 body = json.dumps(broker.reconfig_state()).encode()
+            elif path == "/debug/memory":
+                status, ctype = "200 OK", "application/json"
+                body = json.dumps(await asyncio.to_thread(memory.report)).encode()
             elif path.startswith("/api/"):
                 extra = "Access-Control-Allow-Origin: *\r\nCache-Control: no-store\r\n"
                 try:

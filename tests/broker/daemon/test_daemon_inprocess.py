@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import tracemalloc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from typing import Any
@@ -174,3 +175,34 @@ async def test_closing_a_connection_whose_socket_uvloop_already_closed_costs_onl
             await other.advertise("class = 'quote'")
             await other.publish({"class": "quote", "n": 1}, b"still served")
             assert (await sub.get(5)).payload == b"still served"
+
+
+async def test_debug_memory_says_how_to_trace_when_tracing_is_off() -> None:
+    async with serving(id="untraced") as server:
+        status, body = await http_get(server.admin_port, "/debug/memory")
+    doc = json.loads(body)
+    assert status.endswith("200 OK")
+    assert doc["tracing"] is False
+    assert "PYTHONTRACEMALLOC" in doc["hint"]
+
+
+async def test_debug_memory_reports_what_grew_between_two_requests() -> None:
+    """With the tracer on, the second request names the allocation sites that grew since the
+    first: here the advertisements a client added in between (the router's tables)."""
+    tracemalloc.start()
+    try:
+        async with serving(id="traced") as server, Client(endpoint(server), client_id="c") as c:
+            _, first = await http_get(server.admin_port, "/debug/memory")
+            for i in range(300):
+                await c.advertise(f"class = 'grow' and n = {i}")
+            _, second = await http_get(server.admin_port, "/debug/memory")
+    finally:
+        tracemalloc.stop()
+    before, after = json.loads(first), json.loads(second)
+    assert before["tracing"]
+    assert after["tracing"]
+    assert before["top"]
+    assert before["growth_since_last_request"] == []
+    growth = after["growth_since_last_request"]
+    assert sum(g["grew_bytes"] for g in growth) > 0
+    assert any("/broker/" in where for g in growth for where in g["where"]), growth[:5]
