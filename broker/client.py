@@ -603,6 +603,7 @@ class Client:
         self._disconnected = asyncio.Event()
         self._disconnected.set()
         self._supervisors: list[asyncio.Task[None]] = []
+        self._supervising: dict[int, asyncio.Task[None]] = {}  # the latest task per endpoint
         self._stopping = False
         self._entered = False
         # A manifest file is read again when it changes: replicas attach and detach live,
@@ -772,7 +773,9 @@ class Client:
         self._disconnected.set()
 
     def _supervisor(self, index: int) -> asyncio.Task[None]:
-        return asyncio.create_task(self._supervise(index), name=f"trellis-{self.client_id}-{index}")
+        task = asyncio.create_task(self._supervise(index), name=f"trellis-{self.client_id}-{index}")
+        self._supervising[index] = task
+        return task
 
     async def _stop_supervisors(self) -> None:
         self._stopping = True
@@ -1336,8 +1339,17 @@ class Client:
                 and self._ids.get(index, member) == member
             ):
                 return index
-        self.endpoints.append(address)
-        index = len(self.endpoints) - 1
+        # A replica that left and joins again at the same address (its slot reused) takes its
+        # old endpoint back once nothing supervises it any more; otherwise a new one.
+        for index in sorted(self._retired):
+            task = self._supervising.get(index)
+            if self.endpoints[index] == address and (task is None or task.done()):
+                self._retired.discard(index)
+                self._ids.pop(index, None)
+                break
+        else:
+            self.endpoints.append(address)
+            index = len(self.endpoints) - 1
         if self._status is not Status.CLOSED and not self._stopping:
             self._supervisors.append(self._supervisor(index))
         return index

@@ -96,3 +96,14 @@ async def test_an_announcement_about_another_vn_is_ignored(client: Client) -> No
     for index in range(3):
         client._membership_heard(index, announcement(["b0.0", "b0.1"]))
     assert client.membership_version == -1
+
+
+async def test_a_replica_that_returns_at_its_old_address_gets_its_old_endpoint_back(
+    client: Client,
+) -> None:
+    client._ids.update({0: "b0.0", 1: "b0.1", 2: "b0.2"})
+    for version, members in ((3, ["b0.0", "b0.1"]), (5, ["b0.0", "b0.1", "b0.2"])):
+        client._membership_heard(0, announcement(members, version))
+        client._membership_heard(1, announcement(members, version))
+    assert client.membership_version == 5
+    assert (len(client.endpoints), client._retired) == (3, set())
