@@ -646,6 +646,12 @@ class Client:
     def status(self) -> Status:
         return self._status
 
+    @property
+    def replica_endpoints(self) -> list[tuple[str, int]]:
+        """The edge VN's replicas this client uses: as given, then as its replicas announce
+        live changes (one that joined added, one that left dropped)."""
+        return [e for i, e in enumerate(self.endpoints) if i not in self._retired]
+
     async def __aenter__(self) -> Self:
         if self._entered:
             raise InvalidRequest("Client is not re-entrant: leave the previous 'async with' first")

@@ -8,8 +8,10 @@ what each subscriber got with what an oracle computed from the filters alone, an
 the routing tables, per-link traffic, key shares and the blame for bad shares. The same
 overlay then closes the loop of SPEC §6–§7 once: the brokers' traffic logs go through the Spark
 job, whose failure figures and trust feedback drive a trust-aware rebuild applied live and a
-replica placement plan. Then a second overlay reconfigures itself live (OCBR) under traffic,
-and the OCBR simulator runs on a larger generated model (no sockets).
+replica placement plan; a replica then joins the publisher's edge VN live and leaves again
+while publications flow (the publisher follows both changes). Then a second overlay
+reconfigures itself live (OCBR) under traffic, and the OCBR simulator runs on a larger
+generated model (no sockets).
 """
 
 from __future__ import annotations
@@ -258,6 +260,65 @@ def _closed_loop(workdir: Path, tree: Tree) -> int:
     return 1 if failed else 0
 
 
+async def _live_placement(overlay: LocalOverlay, names: list[str], count: int = 300) -> int:
+    """Attach a replica to the first VN (the publisher's edge) and detach it again while
+    publications (at least ``count``, every other one confidential) flow to the last VN;
+    printed: 0 when every publication arrived exactly once, in order, byte for byte, else 1."""
+    from broker.tools.placement_apply import LocalReplicas
+
+    edge, far = names[0], names[-1]
+    print(
+        f"\nlive replica placement: a replica joins {edge} (the publisher's edge VN) and "
+        f"leaves again while publications flow to {far}",
+        flush=True,
+    )
+    replicas = LocalReplicas(overlay.workdir)
+    pub = Client(overlay.endpoints(edge), client_id="placement-pub")
+    sub = Client(overlay.endpoints(far), client_id="placement-sub", manifest=overlay.manifest_path)
+    published: list[tuple[int, bytes]] = []
+    seen: list[str] = []
+    try:
+        async with pub, sub, sub.subscribe("class = 'placement'") as subscription:
+            await pub.advertise("class = 'placement'")
+            await asyncio.to_thread(overlay.wait_quiet)
+
+            def changes() -> None:
+                for action in (replicas.attach, replicas.detach):
+                    change = action(edge)
+                    seen.append(
+                        f"{change.action} {change.broker}: {change.seconds:.2f} s, the publisher "
+                        f"then agreed with {pub.quorum} of {len(pub.replica_endpoints)} replicas "
+                        f"and split keys for {pub.vn_size}"
+                    )
+
+            changing = asyncio.create_task(asyncio.to_thread(changes))
+            i = 0
+            while (i < count or not changing.done()) and i < 10 * count:
+                payload = f"placement {i}".encode()
+                seq = await pub.publish(
+                    {"class": "placement", "i": i}, payload, confidential=i % 2 == 0
+                )
+                published.append((seq, payload))
+                i += 1
+                await asyncio.sleep(0.01)
+            await changing
+            deadline = time.monotonic() + 20.0
+            got = [(d.seq, d.payload) for d in await _collect(subscription, i, deadline)]
+    except TrellisError as exc:
+        print(f"  FAILED: {exc}")
+        return 1
+    finally:
+        for proc in replicas.started.values():
+            proc.stop()
+    for line in seen:
+        print(f"  {line}")
+    if got == published:
+        print(f"  {far} got all {len(published)} exactly once, in order, byte for byte")
+        return 0
+    print(f"  MISMATCH: {far} got {len(got)} of {len(published)} (or out of order, or altered)")
+    return 1
+
+
 def _indented(text: str) -> None:
     print("\n".join(f"  {line}" for line in text.splitlines()))
 
@@ -442,6 +503,7 @@ def run_demo(workdir: Path, count: int = 2000, seed: int = 7) -> int:
     try:
         code = run_async(_traffic(overlay, names, count, rng))
         code = _closed_loop(overlay.workdir, overlay.tree) or code
+        code = run_async(_live_placement(overlay, names)) or code
     finally:
         _stop(overlay)
 
