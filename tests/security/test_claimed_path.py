@@ -122,7 +122,9 @@ def _two_vn_world() -> tuple[Manifest, SecBlock, dict[str, Any], list[Any], byte
 def test_a_relay_forging_upstream_certificates_cannot_hold_the_key_back() -> None:
     """b.1 relays leaves under certificates of a.i's splits it forged (commitments to its own
     data) and never sends its third leaf, so the wait is never over: the key still comes from
-    the pass without signature checks and opens the payload, and an audit names b.1."""
+    the pass without signature checks and opens the payload, and an audit sets b.1's leaves
+    aside. It names nobody: b.1 relays without checking every seal, so a.i could have sent
+    it those certificates; b.1's own sampled check names a.i when a.i does."""
     from security.envelope import seal
     from security.paths import KeyAssembly
     from security.propagation import commitment, reconstruct
@@ -154,7 +156,10 @@ def test_a_relay_forging_upstream_certificates_cannot_hold_the_key_back() -> Non
     assert assembly.open(1, {"x": 1}, seal(secret, pub_id, {"x": 1}, b"hi")) == b"hi"
     [path] = assembly.paths.values()
     audit = reconstruct(sent, path.view, pub_id)
-    assert audit.culprits == {"b.1"}
+    assert audit.key == secret
+    assert audit.culprits == frozenset()
+    honest = reconstruct([(s, r) for s, r in sent if s != "b.1"], path.view, pub_id)
+    assert audit.key == honest.key
 
 
 def test_a_quick_key_that_fails_the_tag_is_replaced_by_the_verified_one() -> None:
