@@ -178,6 +178,9 @@ class PathShares:
     quick: ChainVerifier | None = None
     tried: int = 0  # shares seen by the last quick pass
     checked: bool = False  # the complete set was looked at by a quick pass
+    # node -> the r of its split, from the shares so far (the first ``widths_of`` of them)
+    widths: dict[tuple[int, ...], int] = field(default_factory=dict)
+    widths_of: int = 0
 
 
 @dataclass
@@ -264,7 +267,13 @@ class KeyAssembly:
             return  # (checked first: the subscriber tries each epoch on every pass)
         shares = path.shares
         view = path.view
-        total = _expected_leaves(shares, view.depth)
+        # Each read adds a few shares to an epoch: count the splits they show, not all again.
+        widths = path.widths
+        for _, record in shares[path.widths_of :]:
+            for cert in record.certs:
+                widths[cert.node] = cert.r
+        path.widths_of = len(shares)
+        total = _leaves_below((), widths, view.depth)
         if self.key is not None and (total is None or len(shares) < total):
             return
         needed = math.prod(threshold_for(min(rs)) for rs in view.sizes)
@@ -357,23 +366,19 @@ def _enough(shares: list[tuple[str, ShareRecord]], view: PathView) -> bool:
     return () in ready
 
 
-def _expected_leaves(shares: list[tuple[str, ShareRecord]], depth: int) -> int | None:
-    """How many leaves the splits seen so far make (each node split with its own r, since
-    replicas attach and detach live); None while a split on the way is not known yet."""
-    widths = {cert.node: cert.r for _, record in shares for cert in record.certs}
-
-    def leaves(node: tuple[int, ...]) -> int | None:
-        if len(node) == depth:
-            return 1
-        r = widths.get(node)
-        if r is None:
+def _leaves_below(
+    node: tuple[int, ...], widths: Mapping[tuple[int, ...], int], depth: int
+) -> int | None:
+    """The leaves under ``node`` given the r of each split (None: a split not known yet)."""
+    if len(node) == depth:
+        return 1
+    r = widths.get(node)
+    if r is None:
+        return None
+    total = 0
+    for j in range(r):
+        below = _leaves_below((*node, j), widths, depth)
+        if below is None:
             return None
-        total = 0
-        for j in range(r):
-            below = leaves((*node, j))
-            if below is None:
-                return None
-            total += below
-        return total
-
-    return leaves(())
+        total += below
+    return total

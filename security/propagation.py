@@ -1182,6 +1182,10 @@ def _unpack_cert(raw: bytes) -> SplitCert:
     cert = SplitCert(
         c_pub, _ints(node), k, r, splitter, commits, sig, parent, position, count, proof
     )
+    # A relaying broker sends on what it parsed: the bytes it got are the certificate's
+    # wire form (they parse to it), so it is never packed again.
+    if cert not in _PACKED:
+        _bounded(_PACKED, cert, raw)
     return _bounded(_PARSED, raw, cert)
 
 
