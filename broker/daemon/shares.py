@@ -89,6 +89,13 @@ with probability 1 / this (after the write); a sender caught once is checked eve
 # call per draw).
 _draw = random.Random()
 
+SPARE_DELAY = 0.010
+"""Seconds the split of an epoch's last upstream share may wait for the next write to the
+same VN. A replica that already split all but one of the shares its upstream VN sends it
+leaves the last one for the next pass that writes anyway (or this timer): the shares split
+at once already let a subscriber recover the key, so in the fault-free case the spare one
+costs no latency, and it no longer costs a seal, a write and a read at every hop below."""
+
 SILENCE_DEADLINE = 3.0
 """Seconds after an epoch's content was routed here by which every upstream replica must
 have sent a share of it; one that sent none is blamed as silent."""
@@ -151,6 +158,11 @@ class SecureForwarding:
         self._certs_out: dict[Member | Hop, LinkCertsOut] = {}
         self._certs_in: dict[Member, LinkCertsIn] = {}
         self._flushing = False
+        # Splits left for the next pass that writes anyway (SPARE_DELAY), and how many
+        # shares of an epoch were split at once toward each hop.
+        self._spares: list[tuple[VNHop, str, int, ShareRecord]] = []
+        self._spare_timer: asyncio.TimerHandle | None = None
+        self._prompt: OrderedDict[tuple[str, int], dict[VNHop, int]] = OrderedDict()
         # (deadline, epoch) in routing order: when to judge who stayed silent; and who sent
         # anything at all for an epoch (on whatever path it claimed).
         self._deadlines: deque[tuple[float, tuple[str, int]]] = deque()
@@ -419,12 +431,25 @@ class SecureForwarding:
     def _send(self, hop: Hop, publisher: str, epoch: int, entry: Held) -> None:
         if hop.closing:
             return
-        record, _, sender = entry
+        record, inbox, sender = entry
         if isinstance(hop, VNHop):
             # Splitting signs a statement naming the share's certificate: vouch only for a
             # seal this replica verified.
-            if self._seal_verified(publisher, epoch, entry):
-                self._split_toward(hop, publisher, epoch, record)
+            if not self._seal_verified(publisher, epoch, entry):
+                return
+            level = record.level
+            if level > 1:
+                prompt = self._prompt.get((publisher, epoch))
+                if prompt is None:
+                    prompt = self._prompt[publisher, epoch] = {}
+                    if len(self._prompt) > _EPOCH_MEMORY:
+                        self._prompt.popitem(last=False)
+                done = prompt.get(hop, 0)
+                if done >= len(inbox.path.vns[level - 2]) - 1:
+                    self._spare(hop, publisher, epoch, record)
+                    return
+                prompt[hop] = done + 1
+            self._split_toward(hop, publisher, epoch, record)
         elif hop.congested:
             # The slow-consumer policy covers key shares too (the delivery was dropped).
             self.stats.deliveries_dropped += 1
@@ -481,6 +506,26 @@ class SecureForwarding:
                 outbox.append((conn, publisher, seq, sub))
         self._schedule_flush()
 
+    def _spare(self, hop: VNHop, publisher: str, epoch: int, record: ShareRecord) -> None:
+        """Leave a spare split for the next pass that writes (at most SPARE_DELAY away)."""
+        self._spares.append((hop, publisher, epoch, record))
+        if self._spare_timer is None:
+            self._spare_timer = asyncio.get_running_loop().call_later(
+                SPARE_DELAY, self._split_spares
+            )
+
+    def _split_spares(self) -> None:
+        """Split the spare shares waiting (into this pass's outbox and seal)."""
+        if self._spare_timer is not None:
+            self._spare_timer.cancel()
+            self._spare_timer = None
+        spares, self._spares = self._spares, []
+        for hop, publisher, epoch, record in spares:
+            if not hop.closing:
+                self._split_toward(hop, publisher, epoch, record)
+        if spares and not self._flushing:
+            self._schedule_flush()
+
     def _schedule_flush(self) -> None:
         if not self._flushing:
             self._flushing = True
@@ -495,6 +540,10 @@ class SecureForwarding:
         split of the pass was made then finds nothing left and writes itself only when
         splits came from elsewhere (a timer)."""
         self._flushing = False
+        if self._spares and self._outbox:
+            # A write is going out anyway: the spare splits join its seal and frames.
+            self._split_spares()
+            self._flushing = False
         outbox, self._outbox = self._outbox, []
         if self._relay_checks:
             # In a later loop iteration: after the broker's write, off the critical path.

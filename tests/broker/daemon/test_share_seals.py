@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from broker.daemon import shares as shares_module
 from broker.daemon.config import BrokerConfig
+from broker.daemon.hops import VNHop
 from broker.daemon.shares import SecureForwarding
 from broker.daemon.stats import BrokerStats
 from overlay.manifest import Manifest
@@ -163,3 +165,104 @@ async def test_honest_senders_are_never_named_however_often_they_are_checked(
         assert sub.shares() == 3
     assert edge.forwarding.stats.blamed == {}
     assert edge.forwarding.distrusted == set()
+
+
+class BrokerLink:
+    """A link to one replica of the next VN: records the SHARES frames written to it."""
+
+    is_broker = True
+    closing = False
+    congested = False
+
+    def __init__(self, peer: str) -> None:
+        self.peer_id = peer
+        self.sent: list[Any] = []
+
+    def send(self, msg: Any) -> None:
+        self.sent.append(msg)
+
+    def epochs(self) -> list[int]:
+        """The epoch of every share entry sent, frame by frame."""
+        return [entry[1] for frame in self.sent for entry in frame.entries]
+
+
+@pytest.fixture
+def middle(tmp_path: Path) -> tuple[SecureForwarding, dict[str, Signer], Signer, Any, Any]:
+    """Replica b.0 of the middle VN of a - b - c, with links to c's three replicas."""
+    keys = {f"{vn}.{i}": generate_signing_key() for vn in "abc" for i in range(3)}
+    manifest = Manifest(
+        line_tree("abc"),
+        {vn: tuple(f"{vn}.{i}" for i in range(3)) for vn in "abc"},
+        {b: public_key_to_bytes(k.public_key()) for b, k in keys.items()},
+    )
+    manifest.save(tmp_path / "manifest.json")
+    (tmp_path / "b.0.key").write_text(private_key_to_bytes(keys["b.0"]).hex())
+    config = BrokerConfig(
+        id="b.0",
+        vn="b",
+        replica=0,
+        manifest=tmp_path / "manifest.json",
+        key_file=tmp_path / "b.0.key",
+    )
+    neighbours: Any = {f"c.{i}": SimpleNamespace(replica=i) for i in range(3)}
+    forwarding = SecureForwarding(config, "b", BrokerStats(), neighbours)
+    hop = VNHop("c", 3)
+    for i in range(3):
+        hop.members[f"c.{i}"] = BrokerLink(f"c.{i}")  # type: ignore[assignment]
+    publisher = Signer("pub", generate_signing_key())
+    return forwarding, {b: Signer(b, k) for b, k in keys.items()}, publisher, hop, None
+
+
+def shares_for(signers: dict[str, Signer], publisher: Signer, seq: int) -> dict[str, ShareRecord]:
+    top = publisher_split(bytes(32), K, 3, publisher, publication_id("pub", seq))
+    return {f"a.{i}": resplit(top[i], K, 3, signers[f"a.{i}"])[0] for i in range(3)}
+
+
+def sec_for(publisher: Signer, seq: int) -> SecBlock:
+    return SecBlock(pk=public_key_to_bytes(publisher.public_key), sig=b"", vn="a", epoch=seq)
+
+
+async def first_shares_then_the_last(
+    forwarding: SecureForwarding, signers: dict[str, Signer], publisher: Signer, hop: Any
+) -> None:
+    """Epoch 1's shares from a.0 and a.1 in one pass, then a.2's in a pass of its own."""
+    forwarding.routed("pub", 1, [hop], sec_for(publisher, 1))
+    records = shares_for(signers, publisher, 1)
+    for sender in ("a.0", "a.1"):
+        forwarding.share_arrived("pub", 1, records[sender], sender)
+    await turns()
+    forwarding.share_arrived("pub", 1, records["a.2"], "a.2")
+    await turns()
+
+
+async def test_the_last_upstream_share_is_split_later_and_joins_the_next_write(
+    middle: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """All but one of the shares VN a sends are split at once (they suffice for the key);
+    the last one waits for the next pass that writes to VN c anyway, or for its timer."""
+    forwarding, signers, publisher, hop, _ = middle
+    monkeypatch.setattr(shares_module, "SPARE_DELAY", 30.0)
+    await first_shares_then_the_last(forwarding, signers, publisher, hop)
+    link = hop.members["c.0"]
+    assert link.epochs() == [1, 1]
+    assert len(link.sent) == 1
+    forwarding.routed("pub", 2, [hop], sec_for(publisher, 2))
+    records = shares_for(signers, publisher, 2)
+    for sender in ("a.0", "a.1"):
+        forwarding.share_arrived("pub", 2, records[sender], sender)
+    await turns()
+    assert len(link.sent) == 2
+    assert sorted(entry[1] for entry in link.sent[1].entries) == [1, 2, 2]
+    assert forwarding.batch is not None
+    assert forwarding.batch.signatures == 2  # the spare shared the second pass's seal
+
+
+async def test_a_spare_split_is_sent_by_its_timer_when_nothing_else_is_written(
+    middle: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    forwarding, signers, publisher, hop, _ = middle
+    monkeypatch.setattr(shares_module, "SPARE_DELAY", 0.02)
+    await first_shares_then_the_last(forwarding, signers, publisher, hop)
+    assert [len(hop.members[f"c.{i}"].epochs()) for i in range(3)] == [2, 2, 2]
+    await asyncio.sleep(0.1)
+    assert [len(hop.members[f"c.{i}"].epochs()) for i in range(3)] == [3, 3, 3]
