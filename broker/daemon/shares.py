@@ -20,6 +20,10 @@ vouch for it. A share only relayed to local subscribers has that seal checked by
 once one of its seals failed: the subscriber's edge VN, which splits nothing, verifies no
 signature on the critical path (see :mod:`security.propagation` for why blame stays sound).
 
+Spare splits: once this replica split all but one of the shares its upstream VN sends it
+for an epoch toward a hop, the last one waits for the next pass that writes to that hop
+anyway (:data:`SPARE_DELAY` at most): the prompt ones already give every subscriber the key.
+
 Silence: an upstream replica that sent no share of an epoch within :data:`SILENCE_DEADLINE`
 seconds of its content being routed here is blamed (``stats.blamed``, the traffic log),
 except for epochs routed here within that long of a change of this broker's routing (a live
@@ -438,14 +442,16 @@ class SecureForwarding:
             if not self._seal_verified(publisher, epoch, entry):
                 return
             level = record.level
-            if level > 1:
+            # Upstream VNs of fewer than 3 replicas send too few shares to leave one out.
+            upstream = len(inbox.path.vns[level - 2]) if level > 1 else 0
+            if upstream >= 3:
                 prompt = self._prompt.get((publisher, epoch))
                 if prompt is None:
                     prompt = self._prompt[publisher, epoch] = {}
                     if len(self._prompt) > _EPOCH_MEMORY:
                         self._prompt.popitem(last=False)
                 done = prompt.get(hop, 0)
-                if done >= len(inbox.path.vns[level - 2]) - 1:
+                if done >= upstream - 1:
                     self._spare(hop, publisher, epoch, record)
                     return
                 prompt[hop] = done + 1
