@@ -181,6 +181,7 @@ class PathShares:
     # node -> the r of its split, from the shares so far (the first ``widths_of`` of them)
     widths: dict[tuple[int, ...], int] = field(default_factory=dict)
     widths_of: int = 0
+    total: int | None = None  # the leaves those splits make (None: one not known yet)
 
 
 @dataclass
@@ -269,11 +270,17 @@ class KeyAssembly:
         view = path.view
         # Each read adds a few shares to an epoch: count the splits they show, not all again.
         widths = path.widths
-        for _, record in shares[path.widths_of :]:
-            for cert in record.certs:
-                widths[cert.node] = cert.r
-        path.widths_of = len(shares)
-        total = _leaves_below((), widths, view.depth)
+        if path.widths_of < len(shares):
+            known = len(widths)
+            for _, record in shares[path.widths_of :]:
+                for cert in record.certs:
+                    if widths.setdefault(cert.node, cert.r) != cert.r:
+                        widths[cert.node] = cert.r
+                        known = -1
+            path.widths_of = len(shares)
+            if known != len(widths):
+                path.total = _leaves_below((), widths, view.depth)
+        total = path.total
         if self.key is not None and (total is None or len(shares) < total):
             return
         needed = math.prod(threshold_for(min(rs)) for rs in view.sizes)
