@@ -620,7 +620,7 @@ def pipeline_breakdown(pubs: int = 60, per_pass: int = 20) -> dict[str, dict[str
     import pstats
     import random
 
-    from broker.daemon.shares import RELAY_CHECK_ONE_IN
+    from broker.daemon import shares
     from security import propagation, shamir
     from security.envelope import Signer, public_key_to_bytes
     from security.paths import KeyAssembly
@@ -686,7 +686,7 @@ def pipeline_breakdown(pubs: int = 60, per_pass: int = 20) -> dict[str, dict[str
                         inbox.offer(unpack_record(raw), sender)
                     for record in inbox.records:
                         if level == len(names):
-                            if random.randrange(RELAY_CHECK_ONE_IN) == 0:
+                            if random.randrange(getattr(shares, "RELAY_CHECK_ONE_IN", 1)) == 0:
                                 verifier.seal_ok(record.certs[-1])
                             nxt.setdefault((seq, -1), []).append((me, pack_record(record)))
                         elif verifier.seal_ok(record.certs[-1]):
