@@ -93,7 +93,7 @@ with probability 1 / this (after the write); a sender caught once is checked eve
 # call per draw).
 _draw = random.Random()
 
-SPARE_DELAY = 0.010
+SPARE_DELAY = 0.025
 """Seconds the split of an epoch's last upstream share may wait for the next write to the
 same VN. A replica that already split all but one of the shares its upstream VN sends it
 leaves the last one for the next pass that writes anyway (or this timer): the shares split
