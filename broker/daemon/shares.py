@@ -21,8 +21,8 @@ once one of its seals failed: the subscriber's edge VN, which splits nothing, ve
 signature on the critical path (see :mod:`security.propagation` for why blame stays sound).
 
 Spare splits: once this replica split all but one of the shares its upstream VN sends it
-for an epoch toward a hop, the last one waits for the next pass that writes to that hop
-anyway (:data:`SPARE_DELAY` at most): the prompt ones already give every subscriber the key.
+for an epoch toward a hop, the last one waits for the next pass that writes shares anyway
+(:data:`SPARE_DELAY` at most): the prompt ones already give every subscriber the key.
 
 Silence: an upstream replica that sent no share of an epoch within :data:`SILENCE_DEADLINE`
 seconds of its content being routed here is blamed (``stats.blamed``, the traffic log),
@@ -75,10 +75,11 @@ T = TypeVar("T")
 _EPOCH_MEMORY = 4096
 
 Pending = tuple[ShareRecord, str, tuple[str, ...] | None]
+"""A share not verified yet: record, sender, the path it claims (None: unknown)."""
+
 Held = tuple[ShareRecord, ShareInbox, str]
 """A share this replica accepted: record, the inbox that accepted it (its path's verifier),
 and its sender (the splitter of its newest certificate)."""
-"""A share not verified yet: record, sender, the path it claims (None: unknown)."""
 
 Incoming = bytes | ShareRecord | PropagationError
 """A share as it reaches :meth:`SecureForwarding.share_arrived`: packed (SHARE, PUBLISH),
@@ -94,9 +95,9 @@ with probability 1 / this (after the write); a sender caught once is checked eve
 _draw = random.Random()
 
 SPARE_DELAY = 0.025
-"""Seconds the split of an epoch's last upstream share may wait for the next write to the
-same VN. A replica that already split all but one of the shares its upstream VN sends it
-leaves the last one for the next pass that writes anyway (or this timer): the shares split
+"""Seconds the split of an epoch's last upstream share may wait for the next pass that
+writes shares. A replica that already split all but one of the shares its upstream VN sends
+it leaves the last one for the next pass that writes anyway (or this timer): the shares split
 at once already let a subscriber recover the key, so in the fault-free case the spare one
 costs no latency, and it no longer costs a seal, a write and a read at every hop below."""
 
