@@ -28,11 +28,16 @@ the number of publications in it.
 
 Incremental verification by vouching. A statement names its parent certificate by digest
 (seal included), so a splitter's signature also vouches for the chain above it. An honest
-broker verifies the seal of the certificate its direct sender signed (and every digest link,
-structure and commitment, which is hashing only) and trusts the seals above, which the sender
-vouched for. A full audit (:func:`reconstruct`) verifies every seal and blames a bad one on the
-signer of the certificate just below it: that broker received the bad certificate from its
-signer and signed over it without checking, which no honest broker does.
+broker checks every digest link, structure and commitment of what it receives (hashing only)
+and, before it splits a share, the seal of the certificate its direct sender signed; it trusts
+the seals above, which the sender vouched for. A share it only relays to a subscriber (the
+last VN of a path splits nothing) has that seal checked by sample, after the write. A full
+audit (:func:`reconstruct`) verifies every seal. It blames a bad seal above the newest
+certificate on the signer of the certificate just below it: that broker split a share whose
+certificate's seal fails without checking it, which no honest broker does. A bad seal on the
+newest certificate proves nothing to the subscriber (the holder that relayed it, or the
+splitter, may have forged it): the record is set aside and nobody is named
+(:data:`UNPROVEN`); the relaying broker's sampled check names the splitter first-hand.
 
 Robust reconstruction (:func:`reconstruct`) works bottom-up in time linear in the number of
 leaves times the split width: a node's candidate value is the Shamir combination of those
@@ -65,6 +70,7 @@ __all__ = [
     "BATCH_RECORDS",
     "CERT_WINDOW",
     "SALT_SIZE",
+    "UNPROVEN",
     "BatchEntry",
     "Blame",
     "CertBatch",
@@ -104,6 +110,9 @@ __all__ = [
 ]
 
 SALT_SIZE = 16
+UNPROVEN = ""
+"""The culprit of a record that is invalid but whose fault no one can be proven to own: an
+audit sets it aside and blames nobody (:meth:`ChainVerifier.record_fault`)."""
 _DIGEST_SIZE = 32
 _COMMIT_DOMAIN = b"trellis/share-commitment/v1\x00"
 _CERT_DOMAIN = "trellis/split-cert/v2"
@@ -633,7 +642,7 @@ class Fault(StrEnum):
 
     BAD_SHARE: it sent a record whose chain or opening does not verify (honest brokers verify
         before forwarding, and shares come over authenticated links), or it signed a statement
-        naming a parent certificate whose seal fails (it vouched without checking).
+        naming a parent certificate whose seal fails (it split without checking).
     WRONG_SENDER: it sent a share it neither split nor holds (misrouted or relayed).
     DUPLICATE: it sent two different records for the same lineage.
     EQUIVOCATION: it sealed two different statements for the same split (evidence attached).
@@ -770,7 +779,9 @@ class ChainVerifier:
     def record_fault(
         self, record: ShareRecord, pub_id: bytes | None = None
     ) -> tuple[str, str | None] | None:
-        """Why ``record`` is invalid and who is to blame (None: whoever sent it), or None.
+        """Why ``record`` is invalid and who is to blame (None: whoever sent it;
+        :data:`UNPROVEN`: nobody can be named on proof, the record is only set aside), or
+        None.
 
         With ``pub_id``, a record of any other publication is invalid too: without that check a
         valid record replayed from another publication would pass for a second certificate of
@@ -816,7 +827,13 @@ class ChainVerifier:
         if self.seals == "none":
             return None
         if not self.seal_ok(certs[-1]):
-            return f"level {len(certs)}: bad signature by {certs[-1].splitter!r}", None
+            # A broker ("last") got the record from the certificate's own splitter: its
+            # fault. An audit ("all") got it from a holder that relays what it was sent and
+            # checks that seal only by sample: it or the splitter forged it, no proof which.
+            return (
+                f"level {len(certs)}: bad signature by {certs[-1].splitter!r}",
+                UNPROVEN if self.seals == "all" else None,
+            )
         if self.seals == "all":
             for depth in range(len(certs) - 2, -1, -1):
                 if not self.seal_ok(certs[depth]):
@@ -881,6 +898,8 @@ class ShareInbox:
         if fault:
             problem, culprit = fault
             lineage = getattr(record, "lineage", ())
+            # First-hand: a broker is sent only its sender's own splits (checked below), so
+            # a bad seal on the newest certificate is the sender's even in an audit mode.
             self._blame(culprit or sender, Fault.BAD_SHARE, lineage, problem)
             return False
         lineage = record.lineage
@@ -988,7 +1007,8 @@ def reconstruct(
             fault = f"share of level {len(lineage)}, subscribers get level {depth}", None
         if fault:
             problem, culprit = fault
-            blames.append(Blame(culprit or sender, Fault.BAD_SHARE, tuple(lineage), problem))
+            if culprit != UNPROVEN:
+                blames.append(Blame(culprit or sender, Fault.BAD_SHARE, tuple(lineage), problem))
             continue
         if sender != path.holder(lineage).id:
             blames.append(Blame(sender, Fault.WRONG_SENDER, lineage, "it does not hold this share"))
@@ -1162,6 +1182,10 @@ def _unpack_cert(raw: bytes) -> SplitCert:
     cert = SplitCert(
         c_pub, _ints(node), k, r, splitter, commits, sig, parent, position, count, proof
     )
+    # A relaying broker sends on what it parsed: the bytes it got are the certificate's
+    # wire form (they parse to it), so it is never packed again.
+    if cert not in _PACKED:
+        _bounded(_PACKED, cert, raw)
     return _bounded(_PARSED, raw, cert)
 
 

@@ -12,9 +12,17 @@ mid-epoch is therefore served from the shares its upstream replicas hold.
 
 Signature work is amortised: the sub-shares split in one event-loop pass are sent at the end
 of it, their certificates sealed together by one signature over a Merkle root
-(:class:`~security.propagation.CertBatch`), and an incoming share's chain costs a signature
-verification only for its sender's batch root, once per batch (the sender vouched for the
-certificates above; see :mod:`security.propagation`).
+(:class:`~security.propagation.CertBatch`). An incoming share is checked at once by hashing
+only (structure, digest links, its commitment); its sender's seal costs a signature
+verification (once per batch root) only when this replica is about to split the share and so
+vouch for it. A share only relayed to local subscribers has that seal checked by sample
+(one in :data:`RELAY_CHECK_ONE_IN`, after the pass's write), and every share of a sender
+once one of its seals failed: the subscriber's edge VN, which splits nothing, verifies no
+signature on the critical path (see :mod:`security.propagation` for why blame stays sound).
+
+Spare splits: once this replica split all but one of the shares its upstream VN sends it
+for an epoch toward a hop, the last one waits for the next pass that writes shares anyway
+(:data:`SPARE_DELAY` at most): the prompt ones already give every subscriber the key.
 
 Silence: an upstream replica that sent no share of an epoch within :data:`SILENCE_DEADLINE`
 seconds of its content being routed here is blamed (``stats.blamed``, the traffic log),
@@ -31,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
@@ -47,6 +56,7 @@ from security.envelope import Signer, private_key_from_bytes
 from security.paths import PathVote, claimed_path, path_view
 from security.propagation import (
     CertBatch,
+    ChainVerifier,
     LinkCertsIn,
     LinkCertsOut,
     PropagationError,
@@ -67,9 +77,29 @@ _EPOCH_MEMORY = 4096
 Pending = tuple[ShareRecord, str, tuple[str, ...] | None]
 """A share not verified yet: record, sender, the path it claims (None: unknown)."""
 
+Held = tuple[ShareRecord, ShareInbox, str]
+"""A share this replica accepted: record, the inbox that accepted it (its path's verifier),
+and its sender (the splitter of its newest certificate)."""
+
 Incoming = bytes | ShareRecord | PropagationError
 """A share as it reaches :meth:`SecureForwarding.share_arrived`: packed (SHARE, PUBLISH),
 parsed from a SHARES frame, or why its SHARES entry was malformed."""
+
+RELAY_CHECK_ONE_IN = 16
+"""A share relayed to a local subscriber without being split has its sender's seal verified
+with probability 1 / this (after the write); a sender caught once is checked every time."""
+
+# Which shares are checked: seeded from os.urandom, and no draw is ever visible outside this
+# process, so a sender cannot tell which of its shares will be (``secrets`` costs a system
+# call per draw).
+_draw = random.Random()
+
+SPARE_DELAY = 0.025
+"""Seconds the split of an epoch's last upstream share may wait for the next pass that
+writes shares. A replica that already split all but one of the shares its upstream VN sends
+it leaves the last one for the next pass that writes anyway (or this timer): the shares split
+at once already let a subscriber recover the key, so in the fault-free case the spare one
+costs no latency, and it no longer costs a seal, a write and a read at every hop below."""
 
 SILENCE_DEADLINE = 3.0
 """Seconds after an epoch's content was routed here by which every upstream replica must
@@ -103,7 +133,13 @@ class SecureForwarding:
             self.signer = Signer(config.id, private_key_from_bytes(raw))
         # (publisher, epoch) -> the share records this replica holds for that key (relayed
         # as received to local subscribers)
-        self.held: OrderedDict[tuple[str, int], list[ShareRecord]] = OrderedDict()
+        self.held: OrderedDict[tuple[str, int], list[Held]] = OrderedDict()
+        # Seal checks of shares relayed unsplit (sampled), run after the pass's write; the
+        # senders caught with a bad seal (checked on every share from then on); the
+        # certificates already blamed for one.
+        self._relay_checks: list[tuple[str, int, Held]] = []
+        self.distrusted: set[str] = set()
+        self._bad_seals: OrderedDict[object, None] = OrderedDict()
         # (publisher, epoch) -> hops that have been sent this replica's shares
         self.served: OrderedDict[tuple[str, int], list[Hop]] = OrderedDict()
         # (publisher, epoch) -> path -> the verifier of incoming shares along that path. An
@@ -127,6 +163,11 @@ class SecureForwarding:
         self._certs_out: dict[Member | Hop, LinkCertsOut] = {}
         self._certs_in: dict[Member, LinkCertsIn] = {}
         self._flushing = False
+        # Splits left for the next pass that writes anyway (SPARE_DELAY), and how many
+        # shares of an epoch were split at once toward each hop.
+        self._spares: list[tuple[VNHop, str, int, ShareRecord]] = []
+        self._spare_timer: asyncio.TimerHandle | None = None
+        self._prompt: OrderedDict[tuple[str, int], dict[VNHop, int]] = OrderedDict()
         # (deadline, epoch) in routing order: when to judge who stayed silent; and who sent
         # anything at all for an epoch (on whatever path it claimed).
         self._deadlines: deque[tuple[float, tuple[str, int]]] = deque()
@@ -246,8 +287,8 @@ class SecureForwarding:
         for hop in targets:
             if hop not in served:
                 served.append(hop)
-                for record in held:
-                    self._send(hop, publisher, epoch, record)
+                for entry in held:
+                    self._send(hop, publisher, epoch, entry)
 
     def batch_arrived(self, msg: Shares, sender: str, conn: Member) -> None:
         """A SHARES frame from ``sender`` over ``conn``: every share in it, in order (a
@@ -339,7 +380,11 @@ class SecureForwarding:
                 continue
             try:
                 view = path_view(self.manifest, key[0], sec, chosen)
-                opened[chosen] = ShareInbox(view, publication_id(*key), view.depth, self.replica)
+                # Hashes at once; the sender's seal when the share is split (_send).
+                quick = ChainVerifier(view, seals="none")
+                opened[chosen] = ShareInbox(
+                    view, publication_id(*key), view.depth, self.replica, quick
+                )
             except (PropagationError, KeyError) as exc:
                 log.warning("cannot verify shares of %s/%d: %s", key[0], key[1], exc)
         del self.unverified[key]
@@ -383,23 +428,77 @@ class SecureForwarding:
                 self._blame(key, blame.broker, f"{blame.fault}: {blame.detail}", sender)
             return
         self._log_share(key[0], key[1], sender, None, None)
-        self._remember(self.held, key).append(record)
+        entry = (record, inbox, sender)
+        self._remember(self.held, key).append(entry)
         for hop in self.served.get(key, ()):
-            self._send(hop, key[0], key[1], record)
+            self._send(hop, key[0], key[1], entry)
 
-    def _send(self, hop: Hop, publisher: str, epoch: int, record: ShareRecord) -> None:
+    def _send(self, hop: Hop, publisher: str, epoch: int, entry: Held) -> None:
         if hop.closing:
             return
+        record, inbox, sender = entry
         if isinstance(hop, VNHop):
+            # Splitting signs a statement naming the share's certificate: vouch only for a
+            # seal this replica verified.
+            if not self._seal_verified(publisher, epoch, entry):
+                return
+            level = record.level
+            # Upstream VNs of fewer than 3 replicas send too few shares to leave one out.
+            upstream = len(inbox.path.vns[level - 2]) if level > 1 else 0
+            if upstream >= 3:
+                prompt = self._prompt.get((publisher, epoch))
+                if prompt is None:
+                    prompt = self._prompt[publisher, epoch] = {}
+                    if len(self._prompt) > _EPOCH_MEMORY:
+                        self._prompt.popitem(last=False)
+                done = prompt.get(hop, 0)
+                if done >= upstream - 1:
+                    self._spare(hop, publisher, epoch, record)
+                    return
+                prompt[hop] = done + 1
             self._split_toward(hop, publisher, epoch, record)
         elif hop.congested:
             # The slow-consumer policy covers key shares too (the delivery was dropped).
             self.stats.deliveries_dropped += 1
         else:
+            if sender in self.distrusted:
+                if not self._seal_verified(publisher, epoch, entry):
+                    return
+            elif _draw.randrange(RELAY_CHECK_ONE_IN) == 0:
+                self._relay_checks.append((publisher, epoch, entry))
             # Relayed as received, in this pass's SHARES frame to the subscriber.
             self._outbox.append((hop, publisher, epoch, record))
             self.stats.shares_delivered += 1
             self._schedule_flush()
+
+    def _seal_verified(self, publisher: str, epoch: int, entry: Held) -> bool:
+        """Whether the seal of the sender's own certificate on a held share verifies
+        (through the verifier's and the process's caches: once per batch root). A sender
+        whose seal fails is blamed first-hand (links are authenticated, and an honest
+        broker only ever sends its own splits, validly sealed) and distrusted."""
+        record, inbox, sender = entry
+        cert = record.certs[-1]
+        if inbox.verifier.seal_ok(cert):
+            return True
+        self.distrusted.add(sender)
+        bad = self._bad_seals
+        if cert not in bad:
+            bad[cert] = None
+            if len(bad) > _EPOCH_MEMORY:
+                bad.popitem(last=False)
+            self._blame(
+                (publisher, epoch),
+                sender,
+                f"bad_share: level {record.level}: bad signature on its own certificate",
+                sender,
+            )
+        return False
+
+    def _check_relays(self) -> None:
+        """The sampled seal checks of this pass's relayed shares (after its write)."""
+        checks, self._relay_checks = self._relay_checks, []
+        for publisher, epoch, entry in checks:
+            self._seal_verified(publisher, epoch, entry)
 
     def _split_toward(self, hop: VNHop, publisher: str, seq: int, record: ShareRecord) -> None:
         subs = self.split(record, hop.size)
@@ -413,6 +512,26 @@ class SecureForwarding:
             for sub in self.recipients_of(subs, self.neighbours[broker_id].replica):
                 outbox.append((conn, publisher, seq, sub))
         self._schedule_flush()
+
+    def _spare(self, hop: VNHop, publisher: str, epoch: int, record: ShareRecord) -> None:
+        """Leave a spare split for the next pass that writes (at most SPARE_DELAY away)."""
+        self._spares.append((hop, publisher, epoch, record))
+        if self._spare_timer is None:
+            self._spare_timer = asyncio.get_running_loop().call_later(
+                SPARE_DELAY, self._split_spares
+            )
+
+    def _split_spares(self) -> None:
+        """Split the spare shares waiting (into this pass's outbox and seal)."""
+        if self._spare_timer is not None:
+            self._spare_timer.cancel()
+            self._spare_timer = None
+        spares, self._spares = self._spares, []
+        for hop, publisher, epoch, record in spares:
+            if not hop.closing:
+                self._split_toward(hop, publisher, epoch, record)
+        if spares and not self._flushing:
+            self._schedule_flush()
 
     def _schedule_flush(self) -> None:
         if not self._flushing:
@@ -428,7 +547,14 @@ class SecureForwarding:
         split of the pass was made then finds nothing left and writes itself only when
         splits came from elsewhere (a timer)."""
         self._flushing = False
+        if self._spares and self._outbox:
+            # A write is going out anyway: the spare splits join its seal and frames.
+            self._split_spares()
+            self._flushing = False
         outbox, self._outbox = self._outbox, []
+        if self._relay_checks:
+            # In a later loop iteration: after the broker's write, off the critical path.
+            asyncio.get_running_loop().call_soon(self._check_relays)
         if not outbox:
             return
         sealed = self.batch.seal() if self.batch is not None else {}

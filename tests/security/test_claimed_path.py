@@ -122,7 +122,9 @@ def _two_vn_world() -> tuple[Manifest, SecBlock, dict[str, Any], list[Any], byte
 def test_a_relay_forging_upstream_certificates_cannot_hold_the_key_back() -> None:
     """b.1 relays leaves under certificates of a.i's splits it forged (commitments to its own
     data) and never sends its third leaf, so the wait is never over: the key still comes from
-    the pass without signature checks and opens the payload, and an audit names b.1."""
+    the pass without signature checks and opens the payload, and an audit sets b.1's leaves
+    aside. It names nobody: b.1 relays without checking every seal, so a.i could have sent
+    it those certificates; b.1's own sampled check names a.i when a.i does."""
     from security.envelope import seal
     from security.paths import KeyAssembly
     from security.propagation import commitment, reconstruct
@@ -154,7 +156,10 @@ def test_a_relay_forging_upstream_certificates_cannot_hold_the_key_back() -> Non
     assert assembly.open(1, {"x": 1}, seal(secret, pub_id, {"x": 1}, b"hi")) == b"hi"
     [path] = assembly.paths.values()
     audit = reconstruct(sent, path.view, pub_id)
-    assert audit.culprits == {"b.1"}
+    assert audit.key == secret
+    assert audit.culprits == frozenset()
+    honest = reconstruct([(s, r) for s, r in sent if s != "b.1"], path.view, pub_id)
+    assert audit.key == honest.key
 
 
 def test_a_quick_key_that_fails_the_tag_is_replaced_by_the_verified_one() -> None:
@@ -193,3 +198,62 @@ def test_without_audit_the_key_comes_first_and_the_audit_follows_when_asked() ->
     assert assembly.recover(manifest, "b") == secret
     assert path.audited
     assert assembly.culprits == frozenset()
+
+
+def test_a_complete_epoch_that_hashing_finds_clean_is_audited_without_a_signature(
+    monkeypatch: Any,
+) -> None:
+    """Seals matter only as proof against a splitter: when every share checks out by
+    hashing and gives the one key, there is nothing to prove, so no seal is verified
+    (but for the epochs picked at random, here none)."""
+    from security import paths, propagation
+    from security.paths import KeyAssembly
+
+    monkeypatch.setattr(paths, "AUDIT_ONE_IN", 1 << 60)
+    monkeypatch.setattr(propagation, "DEFAULT_SEALS", propagation.SealCache())
+    manifest, sec, _, leaves, secret = _two_vn_world()
+    assembly = KeyAssembly("pub", 1, sec=sec)
+    for leaf in leaves:
+        assembly.add(f"b.{leaf.lineage[-1]}", leaf)
+    assert assembly.recover(manifest, "b") == secret
+    [path] = assembly.paths.values()
+    assert path.audited
+    assert path.verifier is None
+    assert propagation.DEFAULT_SEALS.verified == 0
+    assert assembly.culprits == frozenset()
+
+
+def test_an_epoch_picked_at_random_is_audited_in_full(monkeypatch: Any) -> None:
+    from security import paths
+    from security.paths import KeyAssembly
+
+    monkeypatch.setattr(paths, "AUDIT_ONE_IN", 1)
+    manifest, sec, _, leaves, secret = _two_vn_world()
+    assembly = KeyAssembly("pub", 1, sec=sec)
+    for leaf in leaves:
+        assembly.add(f"b.{leaf.lineage[-1]}", leaf)
+    assert assembly.recover(manifest, "b") == secret
+    [path] = assembly.paths.values()
+    assert path.audited
+    assert path.verifier is not None
+
+
+def test_a_fault_hashing_shows_brings_the_full_audit_and_its_blame(monkeypatch: Any) -> None:
+    """b.2 relays one leaf with its data altered: the opening misses its commitment, the
+    clean check fails, and the verified audit names b.2 (it relays only what hashes true)."""
+    from security import paths
+    from security.paths import KeyAssembly
+
+    monkeypatch.setattr(paths, "AUDIT_ONE_IN", 1 << 60)
+    manifest, sec, _, leaves, secret = _two_vn_world()
+    assembly = KeyAssembly("pub", 1, sec=sec)
+    for leaf in leaves:
+        holder = f"b.{leaf.lineage[-1]}"
+        if holder == "b.2" and leaf.lineage[0] == 0:
+            leaf = dataclasses.replace(leaf, data=bytes(b ^ 1 for b in leaf.data))  # noqa: PLW2901
+        assembly.add(holder, leaf)
+    assert assembly.recover(manifest, "b") == secret
+    [path] = assembly.paths.values()
+    assert path.audited
+    assert path.verifier is not None
+    assert assembly.culprits == frozenset({"b.2"})
