@@ -67,9 +67,7 @@ class Edge:
     def shares_for_b0(self, seq: int) -> dict[str, ShareRecord]:
         """The share each replica of a sends b.0 for publication ``seq``, by sender."""
         top = publisher_split(bytes(32), K, 3, self.publisher, publication_id("pub", seq))
-        return {
-            f"a.{i}": resplit(top[i], K, 3, self.signers[f"a.{i}"])[0] for i in range(3)
-        }
+        return {f"a.{i}": resplit(top[i], K, 3, self.signers[f"a.{i}"])[0] for i in range(3)}
 
 
 def broken_seal(record: ShareRecord) -> ShareRecord:
