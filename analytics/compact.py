@@ -5,8 +5,9 @@ parses JSON at several microseconds per record, the largest part of the job's ti
 version-1 logs. So the job first turns every log file into a Parquet file with the flat
 columns of the schema's ``fields`` (the types of :func:`arrow_schema`), in worker processes
 while the JVM starts. A version-2 file becomes columns almost without Python work per
-value: records are split by kind, each kind transposed with ``zip`` and handed to Arrow, and
-a ``pub``'s hops are gathered from its file's route table with one ``take``. Version-1 files
+value: each record's fields go onto its kind's list, each column is a slice of that list
+handed to Arrow, and a ``pub``'s hops are gathered from its file's route table with one
+``take``. Version-1 files
 (JSON Lines) go through the plain reader. Torn tails are skipped as everywhere else.
 
 What the job reads (:func:`job_tables`) keeps the routes apart, as the brokers write them:
@@ -14,7 +15,9 @@ the records carry a route id ``rid`` (unique across the compacted files) and ``h
 route delivered or dropped locally) instead of the ``next``, ``loc`` and ``drop`` arrays, and
 a small routes table per file holds each route's hops once. Arrays of strings cost Spark
 most per row (in the shuffle, the cache and the set operations of the local views); a route
-is shared by thousands of publications.
+is shared by thousands of publications. Then :func:`encode` turns the names of the big
+table into 64-bit codes (:func:`name_code`) and sets the ``meta`` and ``link`` records and
+a names table apart: what :func:`compact_file` writes and the job loads.
 """
 
 from __future__ import annotations
