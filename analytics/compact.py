@@ -5,8 +5,9 @@ parses JSON at several microseconds per record, the largest part of the job's ti
 version-1 logs. So the job first turns every log file into a Parquet file with the flat
 columns of the schema's ``fields`` (the types of :func:`arrow_schema`), in worker processes
 while the JVM starts. A version-2 file becomes columns almost without Python work per
-value: records are split by kind, each kind transposed with ``zip`` and handed to Arrow, and
-a ``pub``'s hops are gathered from its file's route table with one ``take``. Version-1 files
+value: each record's fields go onto its kind's list, each column is a slice of that list
+handed to Arrow, and a ``pub``'s hops are gathered from its file's route table with one
+``take``. Version-1 files
 (JSON Lines) go through the plain reader. Torn tails are skipped as everywhere else.
 
 What the job reads (:func:`job_tables`) keeps the routes apart, as the brokers write them:
@@ -14,11 +15,14 @@ the records carry a route id ``rid`` (unique across the compacted files) and ``h
 route delivered or dropped locally) instead of the ``next``, ``loc`` and ``drop`` arrays, and
 a small routes table per file holds each route's hops once. Arrays of strings cost Spark
 most per row (in the shuffle, the cache and the set operations of the local views); a route
-is shared by thousands of publications.
+is shared by thousands of publications. Then :func:`encode` turns the names of the big
+table into 64-bit codes (:func:`name_code`) and sets the ``meta`` and ``link`` records and
+a names table apart: what :func:`compact_file` writes and the job loads.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -27,7 +31,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from analytics.logfile import VERSION, raw_records
+from analytics.logfile import VERSION, WIDTHS, frames
 from analytics.schema import LEGACY_SUFFIX, field_types, log_files, read_log
 
 # The flat field at each position of a version-2 record, per kind (the schema's "records").
@@ -87,8 +91,18 @@ def routes_schema() -> Any:
 
 def spark_ddl(schema: Any) -> str:
     """An Arrow schema of the compacted tables as a Spark DDL string."""
-    types = {**field_types(), "rid": "long", "hl": "boolean"}
-    return ", ".join(f"`{field.name}` {types[field.name]}" for field in schema)
+    import pyarrow as pa
+
+    types = {**field_types(), "rid": "long", "hl": "boolean", "h": "long", "name": "string"}
+
+    def ddl(field: Any) -> str:
+        if pa.types.is_int8(field.type):
+            return "tinyint"
+        if pa.types.is_int64(field.type):
+            return "long"
+        return types[field.name]
+
+    return ", ".join(f"`{field.name}` {ddl(field)}" for field in schema)
 
 
 def _table(columns: dict[str, Any], rows: int, schema: Any = None) -> Any:
@@ -147,9 +161,46 @@ def _fast(path: Path, base: int | None) -> tuple[Any, Any] | None:
     if path.suffix == LEGACY_SUFFIX:
         return None
     try:
-        return _columns(raw_records(path), base)
+        flat = _grouped(path)
+        return None if flat is None else _columns(flat, base)
     except (pa.ArrowException, TypeError, ValueError, KeyError, IndexError):
         return None
+
+
+def _grouped(path: Path) -> dict[str, list[Any]] | None:
+    """A version-2 file's records as one flat list of fields per kind, in file order (each
+    list a run of records of its kind's width), or None unless the first record is a
+    ``meta``: the records of :func:`analytics.logfile.raw_records`, torn tail skipped
+    alike, without a tuple per record. Columns are then slices (``flat[j::width]``), cut at
+    C speed; a tuple per record and Arrow's struct conversion cost three times as much."""
+    import msgpack
+
+    items: list[Any] = []
+    for body in frames(path.read_bytes()):
+        try:
+            batch = msgpack.unpackb(body, use_list=False)
+        except (ValueError, msgpack.UnpackException):
+            break
+        if not isinstance(batch, tuple):
+            break
+        items.extend(batch)
+    flat: dict[str, list[Any]] = {kind: [] for kind in WIDTHS}
+    extend = {kind: group.extend for kind, group in flat.items()}
+    widths = WIDTHS
+    at, end = 0, len(items)
+    while at < end:
+        kind = items[at]
+        try:
+            width = widths[kind]
+        except (KeyError, TypeError):
+            break
+        if at + width > end:
+            break
+        extend[kind](items[at : at + width])
+        at += width
+    if not flat["meta"] or items[0] != "meta":
+        return None
+    return flat
 
 
 def _checked(rows: list[dict[str, Any]], schema: Any) -> Any:
@@ -170,10 +221,10 @@ def _checked(rows: list[dict[str, Any]], schema: Any) -> Any:
         return pa.Table.from_pylist(good, schema=schema)
 
 
-def _columns(records: list[Any], base: int | None) -> tuple[Any, Any] | None:
-    """Records as Arrow from a file's positional records with one short Python step per
-    record (onto its kind's list), then C++ loops: each kind's tuples converted by Arrow as a
-    struct array, each ``pub``'s route gathered from the route table with one ``take``.
+def _columns(flat: dict[str, list[Any]], base: int | None) -> tuple[Any, Any] | None:
+    """Records as Arrow from a file's fields grouped by kind (:func:`_grouped`): each
+    column a slice of its kind's list converted by Arrow, each ``pub``'s route gathered
+    from the route table with one ``take``.
 
     ``base`` None: the flat records (the hops expanded into every ``pub``), and no routes
     table. Else the job's records and routes tables (see :func:`job_tables`), route ids
@@ -182,23 +233,25 @@ def _columns(records: list[Any], base: int | None) -> tuple[Any, Any] | None:
     import pyarrow as pa
     import pyarrow.compute as pc  # type: ignore[import-untyped]
 
-    if not records or not isinstance(records[0], tuple) or records[0][:1] != ("meta",):
-        return None
-    groups: dict[str, list[Any]] = {kind: [] for kind in ("meta", "route", *_LAYOUTS)}
-    add = {kind: group.append for kind, group in groups.items()}
-    for rec in records:
-        add[rec[0]](rec)  # KeyError, TypeError: not a record of this version
     schema = arrow_schema() if base is None else records_schema()
     types = {field.name: field.type for field in arrow_schema()}
     types["route"] = pa.int64()
 
+    def tuples(kind: str) -> list[tuple[Any, ...]]:
+        """The records of a (rare) kind as tuples."""
+        width, fields = WIDTHS[kind], flat[kind]
+        return list(zip(*(fields[j::width] for j in range(width)), strict=True))
+
     def pick(kind: str, layout: tuple[str, ...]) -> dict[str, Any]:
         """The columns of ``kind``'s records (ArrowInvalid: one does not fit ``layout``)."""
-        struct = pa.struct([(name, types[name]) for name in layout])
-        array = pa.array(groups[kind], type=struct)
-        return dict(zip(layout, array.flatten(), strict=True))
+        fields, width = flat[kind], len(layout)
+        return {
+            name: pa.array(fields[j::width], type=types[name])
+            for j, name in enumerate(layout)
+            if name != "k"
+        }
 
-    metas = groups["meta"]
+    metas = tuples("meta")
     _, _t, b, vn, r, _vs, _nb = metas[0]
     tables = [
         _table(
@@ -212,16 +265,16 @@ def _columns(records: list[Any], base: int | None) -> tuple[Any, Any] | None:
             schema,
         )
     ]
-    routes = {rec[1]: rec[2:] for rec in groups["route"]}
+    routes = {rec[1]: rec[2:] for rec in tuples("route")}
     # Routed mode: the file's routes, then one per distinct inline hops of a pubx record.
     route_ids = sorted(routes)
     hops_of = [routes[id_] for id_ in route_ids]
     inline_at: dict[tuple[Any, ...], int] = {}
     for kind, layout in _LAYOUTS.items():
-        if not groups[kind]:
+        if not flat[kind]:
             continue
         data = pick(kind, layout)
-        rows = len(groups[kind])
+        rows = len(flat[kind]) // len(layout)
         data["k"] = pa.repeat(pa.scalar("pub" if kind == "pubx" else kind), rows)
         if kind == "pub":
             ids = data.pop("route")
@@ -242,7 +295,8 @@ def _columns(records: list[Any], base: int | None) -> tuple[Any, Any] | None:
                 data["rid"] = pc.add(at.cast(pa.int64()), base)
         elif kind == "pubx" and base is not None:
             places = []
-            for rec in groups[kind]:
+            inline_records = tuples(kind)
+            for rec in inline_records:
                 inline = (rec[4], rec[5], *(tuple(x or ()) for x in rec[7:10]))
                 place = inline_at.get(inline)
                 if place is None:
@@ -250,7 +304,7 @@ def _columns(records: list[Any], base: int | None) -> tuple[Any, Any] | None:
                     hops_of.append(inline)
                 places.append(place)
             data["rid"] = pa.array([base + x for x in places], pa.int64())
-            data["hl"] = pa.array([bool(rec[8]) or bool(rec[9]) for rec in groups[kind]])
+            data["hl"] = pa.array([bool(rec[8]) or bool(rec[9]) for rec in inline_records])
         tables.append(_table(data, rows, schema))
     whole = pa.concat_tables(tables)
     rows = whole.num_rows
@@ -278,25 +332,142 @@ def _columns(records: list[Any], base: int | None) -> tuple[Any, Any] | None:
 
 RECORDS_DIR, ROUTES_DIR = "records", "routes"
 """Under the compaction's destination: the job's records and routes tables."""
+RARE_DIR, NAMES_DIR = "rare", "names"
+"""Under the compaction's destination: the meta and link records, and the names table."""
+
+KINDS: dict[str, int] = {"pub": 0, "copy": 1, "sig": 2, "share": 3}
+"""The kinds of the numeric records table (:func:`encode`), as codes."""
+NAMED = ("b", "vn", "p", "prev", "from", "cul")
+"""The string columns of the records that the numeric table holds as name codes."""
+NUMERIC = ("k", "t", "b", "vn", "p", "s", "prev", "pc", "from", "rid", "hl", "dig", "ok", "cul")
+"""The columns of the numeric records table, in order: what the job's tables use."""
+RARE = ("k", "t", "b", "vn", "nb", "peer")
+"""The columns of the rare (``meta`` and ``link``) records the job uses, names kept."""
+
+
+def name_code(name: str) -> int:
+    """A name's code: the first 8 bytes of its BLAKE2b digest as a signed 64-bit integer.
+
+    Deterministic in every process (unlike ``hash``), so files compacted apart agree
+    without a shared dictionary; the job checks that no two names it saw share a code
+    and fails loudly if they do (about 10^-15 for a thousand names)."""
+    digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+@cache
+def numeric_schema() -> Any:
+    """The numeric records table: names as codes (int64), the kind as a small code."""
+    import pyarrow as pa
+
+    flat = records_schema()
+    fields = []
+    for name in NUMERIC:
+        if name == "k":
+            fields.append(pa.field("k", pa.int8()))
+        elif name in NAMED:
+            fields.append(pa.field(name, pa.int64()))
+        else:
+            fields.append(flat.field(name))
+    return pa.schema(fields)
+
+
+@cache
+def rare_schema() -> Any:
+    """The rare records table (meta and link records, names as strings)."""
+    import pyarrow as pa
+
+    flat = records_schema()
+    return pa.schema([flat.field(name) for name in RARE])
+
+
+@cache
+def names_schema() -> Any:
+    """The names table: every name the numeric table codes, with its code."""
+    import pyarrow as pa
+
+    return pa.schema([("h", pa.int64()), ("name", pa.string())])
+
+
+def encode(records: Any) -> tuple[Any, Any, Any]:
+    """A records table (:func:`records_schema`) as the job reads it: the numeric table
+    (``pub``, ``copy``, ``sig`` and ``share`` records, names coded by :func:`name_code`),
+    the rare table (``meta`` and ``link``) and the names table of the codes used.
+
+    Spark aggregates and shuffles fixed-width columns several times faster than strings,
+    and can keep a min or max of them in a hash aggregation (of strings it sorts). Each
+    column is dictionary-encoded by Arrow, so only its few distinct names are hashed in
+    Python. Records without a kind or a time are dropped, as the job always did."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if records["k"].null_count or records["t"].null_count:
+        records = records.filter(pc.and_(pc.is_valid(records["k"]), pc.is_valid(records["t"])))
+    is_rare = pc.is_in(records["k"], value_set=pa.array(["meta", "link"]))
+    # Columns first, then rows: filtering the unused columns (lists, reasons) cost most.
+    rare = records.select(list(RARE)).filter(is_rare)
+    main = records.select(list(NUMERIC)).filter(pc.invert(is_rare))
+    known: dict[str, int] = {}
+
+    def codes(column: Any) -> Any:
+        encoded = pc.dictionary_encode(column).combine_chunks()
+        words = encoded.dictionary.to_pylist()
+        for word in words:
+            if word not in known:
+                known[word] = name_code(word)
+        table = pa.array([known[w] for w in words], pa.int64())
+        return table.take(encoded.indices)
+
+    kinds = main["k"].combine_chunks()
+    kind_codes = pa.array(list(KINDS.values()), pa.int8())
+    k = pc.index_in(kinds, value_set=pa.array(list(KINDS))).cast(pa.int32())
+    columns = []
+    for field in numeric_schema():
+        if field.name == "k":
+            columns.append(pc.fill_null(kind_codes.take(k), -1))  # -1: a kind no table uses
+        elif field.name in NAMED:
+            columns.append(codes(main[field.name]))
+        else:
+            columns.append(main[field.name].combine_chunks())
+    numeric = pa.Table.from_arrays(columns, schema=numeric_schema())
+    for row in rare.select(["b", "vn", "nb", "peer"]).to_pylist():
+        words = [row["b"], row["vn"], row["peer"]]
+        words += [x for n in row["nb"] or () for x in (n["id"], n["vn"])]
+        for word in words:
+            if word is not None and word not in known:
+                known[word] = name_code(word)
+    names = pa.Table.from_arrays(
+        [pa.array(list(known.values()), pa.int64()), pa.array(list(known), pa.string())],
+        schema=names_schema(),
+    )
+    return numeric, rare, names
 
 
 def compact_file(path: str, dest: str, index: int) -> int:
-    """Write one log file as the job reads it (:func:`job_tables`) to ``dest``'s records and
-    routes directories, ``part-<index>.parquet`` in each; returns the record count."""
+    """Write one log file as the job reads it (:func:`job_tables`, :func:`encode`) to
+    ``dest``'s records, rare, routes and names directories, ``part-<index>.parquet`` in
+    each; returns the record count."""
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
     records, routes = job_tables(Path(path), index)
+    numeric, rare, names = encode(records)
     name = f"part-{index:05d}.parquet"
-    pq.write_table(records, Path(dest) / RECORDS_DIR / name, compression="snappy")
-    pq.write_table(routes, Path(dest) / ROUTES_DIR / name, compression="snappy")
-    return int(records.num_rows)
+    root = Path(dest)
+    for sub, table in (
+        (RECORDS_DIR, numeric),
+        (RARE_DIR, rare),
+        (ROUTES_DIR, routes),
+        (NAMES_DIR, names),
+    ):
+        pq.write_table(table, root / sub / name, compression="snappy")
+    return int(numeric.num_rows + rare.num_rows)
 
 
 def compact(logs: str | Path, dest: str | Path, workers: int | None = None) -> int:
     """Every log file under ``logs`` as the job's Parquet tables under ``dest``, ``workers``
     files at a time; returns the record count."""
     out = Path(dest)
-    for sub in (RECORDS_DIR, ROUTES_DIR):
+    for sub in (RECORDS_DIR, ROUTES_DIR, RARE_DIR, NAMES_DIR):
         (out / sub).mkdir(parents=True, exist_ok=True)
         for old in (out / sub).glob("part-*.parquet"):
             old.unlink()

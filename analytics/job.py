@@ -27,37 +27,26 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from analytics.compact import (
+    KINDS,
+    NAMES_DIR,
+    RARE_DIR,
     RECORDS_DIR,
     ROUTES_DIR,
     compact,
-    records_schema,
+    names_schema,
+    numeric_schema,
+    rare_schema,
     routes_schema,
     spark_ddl,
 )
 from analytics.reference import FEEDBACK_COUNTS, TABLES
 from analytics.schema import OUTPUT_VERSION, schema_version
 
-BIG_COLUMNS = (
-    "k",
-    "t",
-    "b",
-    "vn",
-    "p",
-    "s",
-    "prev",
-    "pc",
-    "from",
-    "rid",
-    "hl",
-    "dig",
-    "ok",
-    "cul",
-)
-"""The columns of pub, copy, sig and share records the tables use (a pub's hops are in the
-routes table, named by ``rid``)."""
+PUB, COPY, SIG, SHARE = (KINDS[kind] for kind in ("pub", "copy", "sig", "share"))
+"""The kind codes of the numeric records (:func:`analytics.compact.encode`)."""
 RECORDS_PER_PARTITION = 500_000
 """Records per shuffle partition: a few seconds of work per task on this machine, so small
 logs run as few tasks (each stage costs tens of milliseconds per task to schedule) and large
@@ -66,6 +55,10 @@ INPUT_DIR = "_input"
 """Under ``--out``: the logs compacted to Parquet (:mod:`analytics.compact`), removed after."""
 
 Progress = Callable[[str], None]
+
+
+class NameClash(RuntimeError):
+    """Two names the logs hold share a code (:func:`analytics.compact.name_code`)."""
 
 
 def session(master: str | None = None, app: str = "trellis-analytics", **conf: str) -> Any:
@@ -91,6 +84,9 @@ def session(master: str | None = None, app: str = "trellis-analytics", **conf: s
         # Cached frames are read a few times each, right away: compressing them cost more
         # (1M records: 24 s against 7 s to cache the records) than it saved.
         .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
+        # A publication's subscriber VNs are a collect_set per publication: past this many
+        # keys per task Spark sorts instead of hashing (default 128, i.e. always here).
+        .config("spark.sql.objectHashAggregate.sortBased.fallbackThreshold", str(1 << 18))
     )
     for key, value in conf.items():
         builder = builder.config(key, value)
@@ -99,34 +95,118 @@ def session(master: str | None = None, app: str = "trellis-analytics", **conf: s
     return spark
 
 
-def load(spark: Any, compacted: str | Path) -> tuple[Any, Any]:
-    """The records and the routes compacted under ``compacted``
-    (see :func:`analytics.compact.compact`)."""
+class Inputs(NamedTuple):
+    """The compacted logs as DataFrames (see :func:`analytics.compact.encode`)."""
+
+    records: Any
+    """pub, copy, sig and share records, names as codes (fixed-width columns only)."""
+    rare: Any
+    """meta and link records, names as strings."""
+    routes: Any
+    """Each route's hops (names as strings), by ``rid``."""
+    names: Any
+    """Code ``h`` → ``name`` of every name the records hold."""
+
+
+def load(spark: Any, compacted: str | Path) -> Inputs:
+    """The tables compacted under ``compacted`` (see :func:`analytics.compact.compact`)."""
+    root = Path(compacted)
+
+    def read(sub: str, schema: Any) -> Any:
+        return spark.read.schema(spark_ddl(schema)).parquet(str(root / sub))
+
+    return Inputs(
+        read(RECORDS_DIR, numeric_schema()),
+        read(RARE_DIR, rare_schema()),
+        read(ROUTES_DIR, routes_schema()),
+        read(NAMES_DIR, names_schema()).distinct(),
+    )
+
+
+def check_names(names: Any) -> None:
+    """Raise :class:`NameClash` if two names share a code (the tables would merge them)."""
     from pyspark.sql import functions as F
 
-    root = Path(compacted)
-    raw = spark.read.schema(spark_ddl(records_schema())).parquet(str(root / RECORDS_DIR))
-    routes = spark.read.schema(spark_ddl(routes_schema())).parquet(str(root / ROUTES_DIR))
-    return raw.where(F.col("k").isNotNull() & F.col("t").isNotNull()), routes
+    clashes = (
+        names.groupBy("h")
+        .agg(F.countDistinct("name").alias("n"))
+        .where(F.col("n") > 1)
+        .select("h")
+        .limit(5)
+        .collect()
+    )
+    if clashes:
+        raise NameClash(f"names share a code in the logs: {[r['h'] for r in clashes]}")
 
 
 def compute(
-    records: Any, routes: Any, width: float, timely: float = 1.0, rare: Any | None = None
+    records: Any,
+    routes: Any,
+    width: float,
+    timely: float = 1.0,
+    rare: Any | None = None,
+    names: Any | None = None,
 ) -> dict[str, Any]:
     """Every output table as a DataFrame (same semantics as :func:`analytics.reference.compute`).
 
-    ``routes``: the hops of every ``rid`` the pub records name; ``rare``: the ``meta`` and
-    ``link`` records when ``records`` holds only the others."""
+    ``records``: the numeric records (:attr:`Inputs.records`, names as codes), best
+    partitioned by (p, s); ``routes``: the hops of every ``rid`` the pub records name;
+    ``rare``: the ``meta`` and ``link`` records; ``names``: code → name, without clashes
+    (:func:`check_names`). The big frames carry codes only; names come back on the small
+    aggregated tables (Spark hashes and compares 8-byte codes several times faster than
+    strings, and keeps their min or max in a hash aggregation where strings need a sort)."""
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    if rare is None or names is None:
+        raise ValueError("compute needs the rare records and the names")
     col, lit = F.col, F.lit
-    rare = records if rare is None else rare
 
     def window_of(t: Any) -> Any:
         return F.floor(t / lit(width)) * lit(width)
 
     def ratio(num: Any, den: Any) -> Any:
         return F.when(den > 0, num / den)
+
+    # Codes ↔ names. ``rank`` orders the names as strings do: a publication's edge VN is
+    # the least *name* among its edge records (the reference's min), not the least code.
+    by_code = names.select("h", "name", F.row_number().over(Window.orderBy("name")).alias("rank"))
+    by_code = by_code.cache()
+
+    def named(df: Any, *columns: str, key: str = "h") -> Any:
+        """``df`` with each code (or ``key`` = "rank") column replaced by its name."""
+        for column in columns:
+            lookup = F.broadcast(by_code.select(col(key).alias("_c"), col("name").alias("_n")))
+            df = (
+                df.join(lookup, df[column] == lookup["_c"], "left")
+                .withColumn(column, col("_n"))
+                .drop("_c", "_n")
+            )
+        return df
+
+    def coded(df: Any, *columns: str) -> Any:
+        """``df`` with each name column replaced by its code."""
+        for column in columns:
+            lookup = F.broadcast(by_code.select(col("name").alias("_n"), col("h").alias("_c")))
+            df = (
+                df.join(lookup, df[column] == lookup["_n"], "left")
+                .withColumn(column, col("_c"))
+                .drop("_c", "_n")
+            )
+        return df
+
+    def named_sets(df: Any, column: str) -> Any:
+        """``df`` with an array of codes replaced by the sorted array of their names (done
+        once per distinct array: ``df`` is small, an output table)."""
+        sets = df.select(column).distinct()
+        lookup = F.broadcast(by_code.select(col("h").alias("_c"), col("name").alias("_n")))
+        spelled = (
+            sets.select(column, F.explode(column).alias("_c"))
+            .join(lookup, "_c", "left")
+            .groupBy(column)
+            .agg(F.array_sort(F.collect_list("_n")).alias("_names"))
+        )
+        return df.join(spelled, column).withColumn(column, col("_names")).drop("_names")
 
     recs = records
     meta = rare.where(col("k") == "meta")
@@ -139,11 +219,18 @@ def compute(
         )
         .distinct()
     )
-    pubs = recs.where(col("k") == "pub")
-    pub_info = pubs.groupBy("p", "s").agg(
-        F.min("t").alias("t0"),
-        F.min(F.when(col("pc"), col("vn"))).alias("src"),
-        F.array_sort(F.collect_set(F.when(col("hl"), col("vn")))).alias("dsts"),
+    members_coded = coded(members, "broker", "broker_vn").cache()
+    pubs = recs.where(col("k") == PUB)
+    vn_rank = F.broadcast(by_code.select(col("h").alias("vn"), col("rank").alias("vr")))
+    pub_info = (
+        pubs.select("p", "s", "t", "vn", "pc", "hl")
+        .join(vn_rank, "vn", "left")
+        .groupBy("p", "s")
+        .agg(
+            F.min("t").alias("t0"),
+            F.min(F.when(col("pc"), col("vr"))).alias("src"),  # a rank: named(key="rank")
+            F.array_sort(F.collect_set(F.when(col("hl"), col("vn")))).alias("dsts"),  # codes
+        )
     )
     pub_info = pub_info.withColumn("w", window_of(col("t0"))).drop("t0").cache()
     win = pub_info.select("p", "s", col("w").alias("pw"))
@@ -151,7 +238,7 @@ def compute(
     def windowed(df: Any) -> Any:
         """``df`` with ``w``: its publication's window, else its own time's."""
         return (
-            df.join(win, ["p", "s"], "left")
+            df.join(win.hint("shuffle_hash"), ["p", "s"], "left")
             .withColumn("w", F.coalesce(col("pw"), window_of(col("t"))))
             .drop("pw")
         )
@@ -161,6 +248,7 @@ def compute(
         .groupBy("w", "src", "dsts")
         .agg(F.count(lit(1)).alias("demand"))
     )
+    classes = named_sets(named(classes, "src", key="rank"), "dsts")
 
     # A route's members and drops are computed once per route (a few hundred), not per
     # publication: publications are counted per (window, broker, route) first.
@@ -178,51 +266,57 @@ def compute(
         "rid", members_set.alias("members"), F.coalesce(F.size("drop"), lit(0)).alias("nd")
     )
     per_route = (
-        windowed(pubs)
+        windowed(pubs.select("p", "s", "t", "b", "rid"))
         .groupBy("w", col("b").alias("broker"), "rid")
         .agg(F.count(lit(1)).alias("c"))
         .join(F.broadcast(hops), "rid")
+        .cache()
     )
-    local_views = (
+    local_views = named(
         per_route.where(F.size("members") > 1)
         .groupBy("w", "broker", "members")
-        .agg(F.sum("c").alias("demand"))
+        .agg(F.sum("c").alias("demand")),
+        "broker",
     )
-    dropped = (
+    dropped = named(
         per_route.where(col("nd") > 0)
         .groupBy("w", "broker")
-        .agg(F.sum(col("nd") * col("c")).alias("dropped_deliveries"))
+        .agg(F.sum(col("nd") * col("c")).alias("dropped_deliveries")),
+        "broker",
     )
 
     # What each evaluator e saw of each publication (p, s) it routed from a neighbour VN,
-    # without arrays or lambdas (Spark does not compile those): per (e, p, s, digest) the
-    # copies, hence per (e, p, s) the majority digest, the first copy and the previous VN;
-    # per (e, p, s, broker) what that broker sent. Every grouping here is keyed by (p, s)
-    # and more, so none moves data (see ``session``: the records are partitioned by p, s).
-    evidence = recs.where(((col("k") == "pub") & ~col("pc")) | col("k").isin("copy", "sig")).select(
+    # in hash aggregations of fixed-width columns only: per (e, p, s, digest) the copies;
+    # per (e, p, s, count) the least digest with that many copies, so that the majority
+    # digest (most copies, then the least digest) is a max_by over distinct counts; per
+    # (e, p, s) the first copy and the previous VN; per (e, p, s, broker) what that broker
+    # sent. Every grouping is keyed by (p, s) and more, so none moves data (see
+    # ``session``: the records are partitioned by p, s).
+    evidence = recs.where(((col("k") == PUB) & ~col("pc")) | col("k").isin(COPY, SIG)).select(
         col("b").alias("e"), "p", "s", "k", col("from").alias("broker"), "dig", "t", "prev"
     )
-    is_copy = col("k") != "sig"
+    is_copy = col("k") != SIG
     per_digest = (
         evidence.where(is_copy)
         .groupBy("e", "p", "s", "dig")
         .agg(
             F.count(lit(1)).alias("c"),
             F.min("t").alias("t"),
-            F.max(F.when(col("k") == "pub", col("prev"))).alias("prev_vn"),
+            F.max(F.when(col("k") == PUB, col("prev"))).alias("pv"),
         )
     )
-    # The majority digest: most copies, then the smallest digest.
+    per_count = per_digest.groupBy("e", "p", "s", "c").agg(
+        F.min("dig").alias("d"), F.min("t").alias("t"), F.max("pv").alias("pv")
+    )
     seen = (
-        per_digest.groupBy("e", "p", "s")
+        per_count.groupBy("e", "p", "s")
         .agg(
-            F.max("prev_vn").alias("prev_vn"),
+            F.max("pv").alias("prev_vn"),
             F.min("t").alias("first_t"),
-            F.max(F.struct(col("c"), (-col("dig")).alias("nd"))).alias("best"),
+            F.max_by("d", "c").alias("maj"),
         )
         .where(col("prev_vn").isNotNull())
-        .select("e", "p", "s", "prev_vn", "first_t", (-col("best.nd")).alias("maj"))
-        .join(win, ["p", "s"])
+        .join(win.hint("shuffle_hash"), ["p", "s"])
         .withColumnRenamed("pw", "w")
         .cache()
     )
@@ -234,14 +328,14 @@ def compute(
         F.max(F.when(is_copy, col("dig"))).alias("hi"),
         F.max((is_copy & col("dig").isNull()).cast("int")).alias("nulls"),
     )
-    member_vn = F.broadcast(members.select("broker", col("broker_vn").alias("bvn")))
+    member_vn = F.broadcast(members_coded.select("broker", col("broker_vn").alias("bvn")))
     conflicting = (col("has") == 1) & (
         ~col("lo").eqNullSafe(col("maj"))
         | ~col("hi").eqNullSafe(col("maj"))
         | ((col("nulls") == 1) & col("maj").isNotNull())
     )
     per_pub = (
-        sent.join(seen, ["e", "p", "s"])
+        sent.join(seen.hint("shuffle_hash"), ["e", "p", "s"])
         .join(member_vn, "broker")
         .where(col("bvn") == col("prev_vn"))
         .select(
@@ -259,7 +353,7 @@ def compute(
         )
         .cache()
     )
-    by_vn = members.select(col("broker_vn").alias("prev_vn"), "broker")
+    by_vn = members_coded.select(col("broker_vn").alias("prev_vn"), "broker")
     expected = (
         seen.groupBy("w", "e", "prev_vn")
         .agg(F.count(lit(1)).alias("expected"))
@@ -282,7 +376,9 @@ def compute(
         )
         .withColumn("missing", col("expected") - col("received"))
     )
-    shares = windowed(recs.where(col("k") == "share"))
+    shares = windowed(
+        recs.where(col("k") == SHARE).select("p", "s", "t", "b", "from", "ok", "cul")
+    ).cache()
     share_counts = (
         shares.where(col("ok"))
         .groupBy("w", col("b").alias("e"), col("from").alias("broker"))
@@ -301,7 +397,7 @@ def compute(
         "broker",
         *(F.coalesce(col(n), lit(0)).cast("long").alias(n) for n in FEEDBACK_COUNTS),
     )
-    pairs = pairs.join(members, "broker", "left")
+    pairs = named(pairs, "evaluator", "broker").join(members, "broker", "left")
     failures = col("missing") + col("conflicting") + col("bad_signatures") + col("bad_shares")
     events = col("expected") + col("shares_ok") + col("bad_shares")
     trust = (
@@ -370,7 +466,9 @@ def compute(
     # A publication met a failure when some evaluator missed a copy it expected (fewer
     # received than expected, summed over evaluators and brokers), got a conflicting or
     # badly signed one, or rejected a share of its epoch.
-    size_of = members.groupBy(col("broker_vn").alias("prev_vn")).agg(F.count(lit(1)).alias("m"))
+    size_of = members_coded.groupBy(col("broker_vn").alias("prev_vn")).agg(
+        F.count(lit(1)).alias("m")
+    )
     owed = seen.join(F.broadcast(size_of), "prev_vn").groupBy("p", "s").agg(F.sum("m").alias("m"))
     got = per_pub.groupBy("p", "s").agg(
         F.sum("received").alias("got"),
@@ -386,22 +484,22 @@ def compute(
     )
     path_failures = (
         pub_info.where(col("src").isNotNull())
-        .join(failed, ["p", "s"], "left")
+        .join(failed.hint("shuffle_hash"), ["p", "s"], "left")
         .select(
             "w", "src", F.explode("dsts").alias("dst"), F.coalesce(col("bad"), lit(0)).alias("bad")
         )
         .groupBy("w", "src", "dst")
         .agg(F.count(lit(1)).alias("publications"), F.sum("bad").alias("failed"))
         .withColumn("failure_ratio", ratio(col("failed"), col("publications")))
-        .select(*TABLES["path_failures"])
     )
+    path_failures = named(named(path_failures, "src", key="rank"), "dst")
     return {
         "classes": classes.select(*TABLES["classes"]),
         "local_views": local_views.select(*TABLES["local_views"]),
         "trust_feedback": trust,
         "broker_failures": broker_failures,
         "link_failures": link_failures,
-        "path_failures": path_failures,
+        "path_failures": path_failures.select(*TABLES["path_failures"]),
     }
 
 
@@ -485,21 +583,16 @@ def run(
     spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
     # One shuffle up front: every record of a publication in one partition. Every later
     # grouping and join is keyed by (publication, ...) and reuses this partitioning; only
-    # the small per-window aggregates move again.
-    # Only the columns the tables need travel; meta and link records stay aside.
-    loaded, routes = load(spark, input_dir)
-    is_rare = F.col("k").isin("meta", "link")
-    rare = loaded.where(is_rare).cache()
-    records = (
-        loaded.where(~is_rare)
-        .select(*BIG_COLUMNS)
-        .repartition(partitions, "p", "s")
-        .persist(StorageLevel.MEMORY_AND_DISK)
-    )
+    # the small per-window aggregates move again. Meta and link records stay aside.
+    inputs = load(spark, input_dir)
+    names = inputs.names.cache()
+    check_names(names)
+    rare = inputs.rare.cache()
+    records = inputs.records.repartition(partitions, "p", "s").persist(StorageLevel.MEMORY_AND_DISK)
     say("reading logs")
     count = records.count() + rare.count()
     say(f"{count} records read ({time.monotonic() - started:.1f} s)")
-    tables = compute(records, routes.cache(), width, timely, rare)
+    tables = compute(records, inputs.routes.cache(), width, timely, rare, names)
     for name, df in tables.items():
         say(f"writing {name}")
         df.withColumn("version", F.lit(OUTPUT_VERSION)).write.mode("overwrite").parquet(

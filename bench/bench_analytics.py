@@ -72,7 +72,6 @@ def run_spark(logs: Path, out: Path, cores: int) -> dict[str, Any]:
             "--master",
             f"local[{cores}]",
             "--json",
-            "--quiet",
         ],
         capture_output=True,
         text=True,
@@ -86,9 +85,20 @@ def run_spark(logs: Path, out: Path, cores: int) -> dict[str, Any]:
     return {
         "seconds": seconds,
         "job_seconds": summary["seconds"],
+        "compacted_at": _progress_at(done.stderr, "logs compacted"),
+        "read_at": _progress_at(done.stderr, "records read"),
         "records": summary["records"],
         "rss": _child_rss_mib(),
     }
+
+
+def _progress_at(stderr: str, text: str) -> float | None:
+    """When (seconds after the job's start) its progress line holding ``text`` came: the
+    split between the compaction (with the JVM start beside it) and the Spark stages."""
+    for line in stderr.splitlines():
+        if text in line and line.startswith("["):
+            return float(line[1 : line.index("s]")])
+    return None
 
 
 def run_peer(peer: str, logs: Path, out: Path) -> dict[str, float]:
@@ -224,7 +234,8 @@ def main() -> int:
                 runs["spark"].append(spark)
                 print(
                     f"[{rep + 1}/{args.repeat}] {records:,} records ({mib:,.0f} MiB): spark "
-                    f"{spark['seconds']:.1f} s (in the job {spark['job_seconds']:.1f} s, "
+                    f"{spark['seconds']:.1f} s (in the job {spark['job_seconds']:.1f} s; logs "
+                    f"compacted at {spark['compacted_at']} s, cached at {spark['read_at']} s; "
                     f"load {os.getloadavg()[0]:.1f})",
                     flush=True,
                 )

@@ -132,3 +132,12 @@ def test_version_1_logs_with_signature_records_still_read(
     assert any(r["bad_signatures"] for r in want["trust_feedback"])
     for table in reference.TABLES:
         assert ordered(table, rows(spark, out, table)) == ordered(table, want[table]), table
+
+
+def test_two_names_sharing_a_code_stop_the_job(spark: Any) -> None:
+    """The big table holds names as 64-bit codes; two names with one code would be merged
+    (one broker's copies counted as another's), so the job refuses them."""
+    schema = "h long, name string"
+    job.check_names(spark.createDataFrame([(1, "v1.0"), (2, "v1.1"), (1, "v1.0")], schema))
+    with pytest.raises(job.NameClash):
+        job.check_names(spark.createDataFrame([(1, "v1.0"), (1, "v1.1"), (2, "v2")], schema))
