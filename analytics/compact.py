@@ -31,7 +31,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from analytics.logfile import VERSION, WIDTHS, frames
+from analytics.logfile import VERSION, WIDTHS, unpacked_fields
 from analytics.schema import LEGACY_SUFFIX, field_types, log_files, read_log
 
 # The flat field at each position of a version-2 record, per kind (the schema's "records").
@@ -173,17 +173,7 @@ def _grouped(path: Path) -> dict[str, list[Any]] | None:
     ``meta``: the records of :func:`analytics.logfile.raw_records`, torn tail skipped
     alike, without a tuple per record. Columns are then slices (``flat[j::width]``), cut at
     C speed; a tuple per record and Arrow's struct conversion cost three times as much."""
-    import msgpack
-
-    items: list[Any] = []
-    for body in frames(path.read_bytes()):
-        try:
-            batch = msgpack.unpackb(body, use_list=False)
-        except (ValueError, msgpack.UnpackException):
-            break
-        if not isinstance(batch, tuple):
-            break
-        items.extend(batch)
+    items = unpacked_fields(path)
     flat: dict[str, list[Any]] = {kind: [] for kind in WIDTHS}
     extend = {kind: group.extend for kind, group in flat.items()}
     widths = WIDTHS

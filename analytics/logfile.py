@@ -87,11 +87,11 @@ def split_records(items: Sequence[Any]) -> list[tuple[Any, ...]]:
     return records
 
 
-def raw_records(path: str | Path) -> list[tuple[Any, ...]]:
-    """Every positional record of a file, in order (tuples; torn tail skipped)."""
-    data = Path(path).read_bytes()
+def unpacked_fields(path: str | Path) -> list[Any]:
+    """Every field of every batch of a file, in order, flat (a torn or undecodable tail
+    skipped): what :func:`raw_records` splits into records."""
     items: list[Any] = []
-    for body in frames(data):
+    for body in frames(Path(path).read_bytes()):
         try:
             batch = msgpack.unpackb(body, use_list=False)
         except (ValueError, msgpack.UnpackException):
@@ -99,7 +99,12 @@ def raw_records(path: str | Path) -> list[tuple[Any, ...]]:
         if not isinstance(batch, tuple):
             break
         items.extend(batch)
-    return split_records(items)
+    return items
+
+
+def raw_records(path: str | Path) -> list[tuple[Any, ...]]:
+    """Every positional record of a file, in order (tuples; torn tail skipped)."""
+    return split_records(unpacked_fields(path))
 
 
 def _number(value: Any) -> bool:
