@@ -76,12 +76,13 @@ def broken_seal(record: ShareRecord) -> ShareRecord:
     return dataclasses.replace(record, certs=(*record.certs[:-1], bent))
 
 
-@pytest.fixture
-def edge(tmp_path: Path) -> Edge:
-    keys = {f"{vn}.{i}": generate_signing_key() for vn in "ab" for i in range(3)}
+def replica_b0(tmp_path: Path, vns: str) -> tuple[dict[str, Any], BrokerConfig]:
+    """Keys of a line of VNs ``vns`` (three replicas each), its manifest, and the config of
+    replica b.0, written under ``tmp_path``."""
+    keys = {f"{vn}.{i}": generate_signing_key() for vn in vns for i in range(3)}
     manifest = Manifest(
-        line_tree("ab"),
-        {vn: tuple(f"{vn}.{i}" for i in range(3)) for vn in "ab"},
+        line_tree(vns),
+        {vn: tuple(f"{vn}.{i}" for i in range(3)) for vn in vns},
         {b: public_key_to_bytes(k.public_key()) for b, k in keys.items()},
     )
     manifest.save(tmp_path / "manifest.json")
@@ -93,6 +94,12 @@ def edge(tmp_path: Path) -> Edge:
         manifest=tmp_path / "manifest.json",
         key_file=tmp_path / "b.0.key",
     )
+    return keys, config
+
+
+@pytest.fixture
+def edge(tmp_path: Path) -> Edge:
+    keys, config = replica_b0(tmp_path, "ab")
     publisher = Signer("pub", generate_signing_key())
     sec = SecBlock(pk=public_key_to_bytes(publisher.public_key), sig=b"", vn="a", epoch=1)
     return Edge(
@@ -187,21 +194,7 @@ class BrokerLink:
 @pytest.fixture
 def middle(tmp_path: Path) -> tuple[SecureForwarding, dict[str, Signer], Signer, Any, Any]:
     """Replica b.0 of the middle VN of a - b - c, with links to c's three replicas."""
-    keys = {f"{vn}.{i}": generate_signing_key() for vn in "abc" for i in range(3)}
-    manifest = Manifest(
-        line_tree("abc"),
-        {vn: tuple(f"{vn}.{i}" for i in range(3)) for vn in "abc"},
-        {b: public_key_to_bytes(k.public_key()) for b, k in keys.items()},
-    )
-    manifest.save(tmp_path / "manifest.json")
-    (tmp_path / "b.0.key").write_text(private_key_to_bytes(keys["b.0"]).hex())
-    config = BrokerConfig(
-        id="b.0",
-        vn="b",
-        replica=0,
-        manifest=tmp_path / "manifest.json",
-        key_file=tmp_path / "b.0.key",
-    )
+    keys, config = replica_b0(tmp_path, "abc")
     neighbours: Any = {f"c.{i}": SimpleNamespace(replica=i) for i in range(3)}
     forwarding = SecureForwarding(config, "b", BrokerStats(), neighbours)
     hop = VNHop("c", 3)
