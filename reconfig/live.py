@@ -43,25 +43,37 @@ STEPS: Final = (
 @dataclass(frozen=True, slots=True)
 class Reply:
     """A member's answer to one step: done, or why not (and, to a ``neighbours`` request
-    from a sibling replica, the neighbour VNs this broker keeps)."""
+    from a sibling replica, the neighbour VNs this broker keeps, with its routing tables
+    for them in wire form when asked: ``{"held": ..., "sent": ...}`` as a round installs)."""
 
     ok: bool
     error: str = ""
     neighbours: tuple[str, ...] | None = None
+    tables: Mapping[str, Any] | None = None
 
     def to_data(self) -> dict[str, Any]:
         if not self.ok:
             return {"ok": False, "error": self.error}
-        if self.neighbours is None:
-            return {"ok": True}
-        return {"ok": True, "neighbours": list(self.neighbours)}
+        data: dict[str, Any] = {"ok": True}
+        if self.neighbours is not None:
+            data["neighbours"] = list(self.neighbours)
+        if self.tables is not None:
+            data["tables"] = dict(self.tables)
+        return data
 
     @classmethod
     def from_data(cls, data: Mapping[str, Any]) -> Reply:
         if data.get("ok") is True:
             vns = data.get("neighbours")
             if isinstance(vns, list) and all(isinstance(v, str) for v in vns):
-                return cls(True, neighbours=tuple(vns))
+                tables = data.get("tables")
+                if not (
+                    isinstance(tables, dict)
+                    and isinstance(tables.get("held"), dict)
+                    and isinstance(tables.get("sent"), dict)
+                ):
+                    tables = None
+                return cls(True, neighbours=tuple(vns), tables=tables)
             return cls(True)
         return cls(False, str(data.get("error", "no reason given")))
 
@@ -344,6 +356,7 @@ class RoundStats:
     aborted: int = 0
     requested: int = 0
     links_changed: int = 0
+    repaired: int = 0  # times this broker took its siblings' links after missing a round
     saving: float = 0.0
     last_cost_before: float = 0.0
     last_cost_after: float = 0.0

@@ -12,7 +12,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -78,6 +78,12 @@ class ReconfigConfig(BaseModel):
     step_timeout: float = Field(
         3.0, gt=0, description="seconds one protocol step may take before the round aborts"
     )
+    repair_interval: float = Field(
+        30.0,
+        gt=0,
+        description="seconds between checks that this replica keeps the neighbour VNs and "
+        "tables f + 1 of its siblings keep (taken if not: it missed a round)",
+    )
 
 
 class TrafficLogConfig(BaseModel):
@@ -104,6 +110,22 @@ class TrafficLogConfig(BaseModel):
     retention_seconds: float = Field(
         7 * 24 * 3600.0, gt=0, description="delete files older than this"
     )
+
+
+ByzantineMode = Literal[
+    "drop",
+    "corrupt",
+    "equivocate",
+    "collude",
+    "delay",
+    "replay",
+    "reorder",
+    "misplan",
+    "mistable",
+    "goes-back",
+]
+"""Fault injection for tests and demos (a broker's ``byzantine`` setting, but ``none``)."""
+BYZANTINE_MODES: tuple[str, ...] = get_args(ByzantineMode)
 
 
 class BrokerConfig(BaseModel):
@@ -215,18 +237,9 @@ class BrokerConfig(BaseModel):
     vn: str | None = Field(None, description="this broker's virtual node (default: its id)")
     replica: int = Field(0, ge=0, description="this broker's index among its VN's replicas")
     vn_size: int = Field(1, ge=1, le=64, description="number of replicas of this broker's VN")
-    byzantine: Literal[
-        "none",
-        "drop",
-        "corrupt",
-        "equivocate",
-        "collude",
-        "delay",
-        "replay",
-        "reorder",
-        "misplan",
-        "mistable",
-    ] = Field("none", description="fault injection for tests and demos: misbehave as named")
+    byzantine: Literal[ByzantineMode, "none"] = Field(
+        "none", description="fault injection for tests and demos: misbehave as named"
+    )
     manifest: Path | None = Field(
         None, description="overlay manifest (VN members and public keys) for confidential traffic"
     )

@@ -62,7 +62,7 @@ from broker.daemon.topic_guard import TopicGuard
 from broker.daemon.waves import RoutingWaves
 from broker.errors import LimitExceeded, SlowConsumerError, TLSError
 from broker.language.filters import Filter
-from broker.routing.router import Owned, Router
+from broker.routing.router import LinkTables, Owned, Router
 from broker.wire.protocol import (
     PROTOCOL_VERSION,
     Ack,
@@ -645,6 +645,9 @@ class Broker:
         self.waves = RoutingWaves(self.vnhops, self.flush, config.routing_wave_timeout)
         # VNs linked for a reconfiguration in progress, not yet part of routing.
         self.standby_vns: set[str] = set()
+        # Neighbour VNs taken from f + 1 siblings while running: their links skip the cycle
+        # check, which this broker's link states (stale while it had no link) could fail.
+        self.adopted_vns: set[str] = set()
         self.dialers: dict[str, asyncio.Task[None]] = {}
         self.frozen = False
         self.frozen_hood: set[str] = set()
@@ -708,6 +711,9 @@ class Broker:
     def owned_entries(self) -> tuple[Owned, Owned]:
         return self.router.owned_entries(self.vn)
 
+    def link_tables(self) -> LinkTables:
+        return self.router.link_tables()
+
     def accept_standby(self, vns: set[str]) -> None:
         self.standby_vns |= vns
         for peer in self.directory.values():
@@ -717,6 +723,13 @@ class Broker:
 
     def end_standby(self, vns: set[str]) -> None:
         self.standby_vns -= vns
+
+    def adopt(self, vns: set[str]) -> None:
+        self.adopted_vns |= vns
+        for peer in self.directory.values():
+            if peer.vn_id in vns:
+                self.neighbours[peer.id] = peer
+                self.vnhop_for(peer)
 
     def dial(self, peers: Sequence[NeighbourConfig]) -> None:
         for peer in peers:
@@ -874,8 +887,9 @@ class Broker:
             raise NotAuthorized(
                 f"unknown broker '{peer_id}': not a configured neighbour of '{self.config.id}'"
             )
-        standby = self.neighbours[peer_id].vn_id in self.standby_vns
-        cycle = [] if standby else self.linkstates.cycle_through(self.neighbours[peer_id].vn_id)
+        vn = self.neighbours[peer_id].vn_id
+        trusted = vn in self.standby_vns or vn in self.adopted_vns
+        cycle = [] if trusted else self.linkstates.cycle_through(self.neighbours[peer_id].vn_id)
         if cycle:
             raise ProtocolError(
                 f"link {self.config.id}-{peer_id} would close a cycle in the overlay: "
@@ -994,6 +1008,7 @@ class Broker:
         """Drop neighbour VN ``vn`` after a reconfiguration removed its link: stop dialling
         it, refuse its reconnections and close its links without withdrawing anything
         (the router no longer routes through it)."""
+        self.adopted_vns.discard(vn)
         hop = self.vnhops.get(vn)
         for peer_id in [p for p, n in self.neighbours.items() if n.vn_id == vn]:
             self.stop_dialer(peer_id)

@@ -15,9 +15,11 @@ import logging
 import time
 from collections.abc import Collection, Mapping
 from pathlib import Path
+from typing import Any
 
 from broker.wire.protocol import LinkState
 from overlay.tree import path_between
+from reconfig.live import tables_digest
 
 log = logging.getLogger("trellis.overlay")
 
@@ -123,3 +125,24 @@ def sibling_agreement(
     if not agreed or frozenset(agreed[0]) == frozenset(mine):
         return None
     return frozenset(agreed[0])
+
+
+def sibling_tables(
+    agreed: Collection[str], answers: Collection[Mapping[str, Any] | None], quorum: int
+) -> Mapping[str, Any] | None:
+    """The routing tables (``{"held": ..., "sent": ...}`` by neighbour VN, in wire form)
+    a replica that missed a round takes: tables for exactly the ``agreed`` neighbour VNs
+    that ``quorum`` (f + 1) siblings sent identically, so that f Byzantine siblings cannot
+    choose them; None if no such tables (siblings mid-change: ask again later)."""
+    wanted = set(agreed)
+    votes: dict[str, list[Mapping[str, Any]]] = {}
+    for tables in answers:
+        if tables is None:
+            continue
+        held, sent = tables.get("held"), tables.get("sent")
+        if not isinstance(held, dict) or not isinstance(sent, dict):
+            continue
+        if set(held) != wanted or set(sent) != wanted:
+            continue
+        votes.setdefault(tables_digest("", held, sent), []).append(tables)
+    return next((v[0] for _, v in sorted(votes.items()) if len(v) >= quorum), None)

@@ -71,12 +71,11 @@ it, and ``unlock`` after ``prepare`` undoes the round like ``abort``.
 
 What a Byzantine coordinator can still do is deny service: refuse to run rounds, propose
 trees that do not lower the cost, or, as a crashed one can, leave a round half-applied by
-sending ``install`` to some replicas of the master VN and not others: those switch, the
-others go back when their lease ends (nothing tells them a sibling switched), and the other
-VNs' members follow only if f + 1 replicas of the master VN vouched the same tables (else
-they go back too). The replicas of a VN then disagree on its neighbours, as if some of them
-were faulty. Closing that needs a commit wave (every member going forward on f + 1 echoes
-from every VN rather than on the coordinator's word); it is not built.
+sending ``install`` to some replicas of the master VN and not others. Replicas that went
+back on a round their siblings went forward on (or the reverse) are brought in line by
+:meth:`ReconfigAgent.repair_from_siblings`: right after going back, and every
+``repair_interval``, a replica takes the neighbour VNs and routing tables f + 1 of its
+siblings keep, so a VN converges to what f + 1 of its replicas did.
 A Byzantine replica of a neighbour VN can make rounds abort (wrong marker digests).
 ``broker.daemon.reconfig_faults`` holds Byzantine coordinators for tests.
 
@@ -98,9 +97,9 @@ from typing import Any, Protocol
 
 from broker.daemon.config import NeighbourConfig, ReconfigConfig
 from broker.daemon.hops import Hop
-from broker.daemon.links import sibling_agreement
+from broker.daemon.links import sibling_agreement, sibling_tables
 from broker.language.filters import Filter
-from broker.routing.router import Owned, hood_routing
+from broker.routing.router import LinkTables, Owned, hood_routing
 from broker.wire.protocol import (
     HEADER_SIZE,
     PROTOCOL_VERSION,
@@ -149,6 +148,7 @@ VOUCH = 3
 
 # Seconds between asking a sibling busy with a round for its neighbours again.
 _ASK_AGAIN = 0.2
+_RECHECK = 1.0  # seconds from a repair to the next check
 
 
 class Neighbourhood(Protocol):
@@ -189,8 +189,15 @@ class Neighbourhood(Protocol):
 
     def owned_entries(self) -> tuple[Owned, Owned]: ...
 
+    def link_tables(self) -> LinkTables:
+        """Per neighbour VN: what this broker holds from it and has forwarded to it."""
+
     def accept_standby(self, vns: set[str]) -> None:
         """Take the brokers of ``vns`` as neighbours, linked in standby."""
+
+    def adopt(self, vns: set[str]) -> None:
+        """Take the brokers of ``vns`` as neighbours (f + 1 siblings are linked to them),
+        accepting their links whatever this broker's link states say."""
 
     def dial(self, peers: Sequence[NeighbourConfig]) -> None:
         """Start keeping links to ``peers`` open (from the side that dials)."""
@@ -636,7 +643,7 @@ class ReconfigAgent:
                         )
                     reply = await self.request_move(parse_move(data))
                 elif op == "neighbours":
-                    reply = self.neighbours_answer()
+                    reply = self.neighbours_answer(with_tables=data.get("tables") is True)
                 else:
                     reply = await self.handle(parse_step(op, data))
             except TrellisError as exc:
@@ -655,14 +662,25 @@ class ReconfigAgent:
         kept = {h.linked_vn(p) for p in h.directory}
         return frozenset(vn for vn in kept if vn is not None) - frozenset(h.standby())
 
-    def neighbours_answer(self) -> Reply:
-        """A sibling replica's question: which neighbour VNs this broker keeps. Not during
-        a round (from its lock on), whose outcome is not known yet."""
+    def neighbours_answer(self, with_tables: bool = False) -> Reply:
+        """A sibling replica's question: which neighbour VNs this broker keeps (and, with
+        ``with_tables``, its routing tables for them). Not during a round (from its lock
+        on), whose outcome is not known yet."""
         lease = self.member.lease
         if lease is not None or self.member.pending is not None:
             where = f"round {lease.round}" if lease is not None else "a round"
             return Reply(False, f"{self.hood.broker_id}: busy with {where}")
-        return Reply(True, neighbours=tuple(sorted(self.kept_vns())))
+        kept = self.kept_vns()
+        tables = None
+        if with_tables:
+            held: dict[str, Any] = {}
+            sent: dict[str, Any] = {}
+            for vn, ((adverts, subs), forwarded) in self.hood.link_tables().items():
+                if vn in kept:
+                    held[vn] = {"adv": _wire(adverts), "sub": _wire(subs)}
+                    sent[vn] = _wire(forwarded)
+            tables = {"held": held, "sent": sent}
+        return Reply(True, neighbours=tuple(sorted(kept)), tables=tables)
 
     async def adopt_siblings_links(self, timeout: float, patience: float) -> frozenset[str] | None:
         """At start, take the neighbour VNs f + 1 siblings (the other replicas of this VN)
@@ -674,27 +692,11 @@ class ReconfigAgent:
         f + 1 matching answers the saved links stay (with a warning when too few siblings
         answered). Returns the adopted set, or None. Call it before the links are dialled."""
         h = self.hood
-        siblings = [n for n in h.directory.values() if n.vn_id == h.vn and n.id != h.broker_id]
-        size = max([n.vn_size for n in siblings], default=1)
-        if not siblings or size < 2:
-            return None
         mine = self.kept_vns()
-        quorum = vouch_quorum(size)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + patience
-        reported: dict[str, frozenset[str]] = {}
-        while True:
-            asking = [n for n in siblings if n.id not in reported]
-            replies = await asyncio.gather(*(self._ask_neighbours(n, timeout) for n in asking))
-            busy = False
-            for sibling, reply in zip(asking, replies, strict=True):
-                if reply is not None and reply.neighbours is not None:
-                    reported[sibling.id] = frozenset(reply.neighbours)
-                busy = busy or (reply is not None and not reply.ok)
-            agreed = sibling_agreement(mine, list(reported.values()), quorum)
-            if agreed is not None or not busy or loop.time() + _ASK_AGAIN > deadline:
-                break
-            await asyncio.sleep(_ASK_AGAIN)
+        asked = await self._siblings_neighbours(mine, timeout, patience)
+        if asked is None:
+            return None
+        agreed, reported, quorum = asked
         log.info("%s: siblings' neighbour VNs %s; saved %s", h.broker_id, reported, sorted(mine))
         if agreed is None:
             if len(reported) < quorum:
@@ -703,25 +705,12 @@ class ReconfigAgent:
                     "check the saved ones); keeping %s",
                     h.broker_id,
                     len(reported),
-                    len(siblings),
+                    len(self._siblings()),
                     quorum,
                     sorted(mine) or "none",
                 )
             return None
-        unknown = sorted(
-            vn
-            for vn in agreed
-            if vn == h.vn or not any(n.vn_id == vn for n in h.directory.values())
-        )
-        if unknown:
-            log.warning(
-                "%s: siblings agree on neighbour VNs %s, but %s are not in this broker's "
-                "directory; keeping %s",
-                h.broker_id,
-                sorted(agreed),
-                unknown,
-                sorted(mine),
-            )
+        if not self._known(agreed, mine):
             return None
         log.warning(
             "%s: saved neighbour VNs %s differ from those %d siblings agree on, %s: "
@@ -739,14 +728,172 @@ class ReconfigAgent:
         await self.persist_links()
         return agreed
 
-    async def _ask_neighbours(self, sibling: NeighbourConfig, timeout: float) -> Reply | None:
-        """A sibling's answer to ``neighbours`` (a refusal while it is busy with a round),
-        or None if it does not answer within ``timeout``."""
+    def _siblings(self) -> list[NeighbourConfig]:
+        """The other replicas of this broker's VN."""
+        h = self.hood
+        return [n for n in h.directory.values() if n.vn_id == h.vn and n.id != h.broker_id]
+
+    async def _siblings_neighbours(
+        self, mine: frozenset[str], timeout: float, patience: float
+    ) -> tuple[frozenset[str] | None, dict[str, frozenset[str]], int] | None:
+        """Ask the siblings which neighbour VNs they keep, again while one is busy with a
+        round and no f + 1 of them agree on a set other than ``mine``, until ``patience``
+        runs out. Returns (the set f + 1 agree on if it differs from ``mine``, the answers
+        by sibling, f + 1), or None when this VN has no sibling."""
+        siblings = self._siblings()
+        size = max([n.vn_size for n in siblings], default=1)
+        if not siblings or size < 2:
+            return None
+        quorum = vouch_quorum(size)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + patience
+        reported: dict[str, frozenset[str]] = {}
+        while True:
+            asking = [n for n in siblings if n.id not in reported]
+            replies = await asyncio.gather(*(self._ask_neighbours(n, timeout) for n in asking))
+            busy = False
+            for sibling, reply in zip(asking, replies, strict=True):
+                if reply is not None and reply.neighbours is not None:
+                    reported[sibling.id] = frozenset(reply.neighbours)
+                busy = busy or (reply is not None and not reply.ok)
+            agreed = sibling_agreement(mine, list(reported.values()), quorum)
+            if agreed is not None or not busy or loop.time() + _ASK_AGAIN > deadline:
+                return agreed, reported, quorum
+            await asyncio.sleep(_ASK_AGAIN)
+
+    def _known(self, agreed: frozenset[str], mine: frozenset[str]) -> bool:
+        """Whether every VN the siblings agree on is another VN of this broker's directory
+        (else the siblings' set cannot be linked: warn and keep ``mine``)."""
+        h = self.hood
+        unknown = sorted(
+            vn
+            for vn in agreed
+            if vn == h.vn or not any(n.vn_id == vn for n in h.directory.values())
+        )
+        if unknown:
+            log.warning(
+                "%s: siblings agree on neighbour VNs %s, but %s are not in this broker's "
+                "directory; keeping %s",
+                h.broker_id,
+                sorted(agreed),
+                unknown,
+                sorted(mine),
+            )
+        return not unknown
+
+    # -- repair while running -------------------------------------------------------------
+
+    async def repair_loop(self) -> None:
+        """Every ``repair_interval``, check this replica's neighbour VNs against its
+        siblings' (:meth:`repair_from_siblings`): the backstop for whatever made it miss a
+        round (an abort after freeze also schedules a check at once)."""
+        s = self.settings
+        while True:
+            await asyncio.sleep(s.repair_interval * (1 + self.rng.uniform(-s.jitter, s.jitter)))
+            if s.enabled:
+                await self._repair_guarded()
+
+    async def _repair_guarded(self, delay: float = 0.0) -> None:
+        await asyncio.sleep(delay)
+        try:
+            await self.repair_from_siblings()
+        except (OSError, TrellisError, TimeoutError) as exc:
+            log.warning("%s: asking the siblings' neighbours failed: %s", self.hood.broker_id, exc)
+
+    def _repair_soon(self, delay: float = 0.0) -> None:
+        """After this broker went back on a round its siblings may have gone forward on
+        (or, with ``delay``, after a repair: the siblings may have moved on meanwhile)."""
+        if self.settings.enabled and self._siblings():
+            self._spawn(self._repair_guarded(delay))
+
+    async def repair_from_siblings(self) -> frozenset[str] | None:
+        """While running: if f + 1 siblings keep other neighbour VNs than this broker, and
+        f + 1 of those hold identical routing tables for them, install those tables and
+        links (as the round this broker missed would have: links outside the change hear
+        only of entries gained or lost). A replica that went back on a round while its
+        siblings switched (a lease that ran out before the vouches came, an install it
+        failed) would otherwise disagree with them for good. f Byzantine siblings can
+        neither move its links nor choose its tables. Returns the new set, or None."""
+        h = self.hood
+        s = self.settings
+        if self._busy():
+            return None
+        mine = self.kept_vns()
+        asked = await self._siblings_neighbours(mine, s.step_timeout, s.lock_lease)
+        if asked is None:
+            return None
+        agreed, reported, quorum = asked
+        if agreed is None or not self._known(agreed, mine):
+            return None
+        holding = [n for n in self._siblings() if reported.get(n.id) == agreed]
+        replies = await asyncio.gather(
+            *(self._ask_neighbours(n, s.step_timeout, tables=True) for n in holding)
+        )
+        chosen = sibling_tables(
+            agreed,
+            [
+                r.tables
+                for r in replies
+                if r is not None and frozenset(r.neighbours or ()) == agreed
+            ],
+            quorum,
+        )
+        if chosen is None:
+            log.info(
+                "%s: %d siblings keep neighbour VNs %s (this broker %s), but fewer than %d "
+                "sent the same tables; asking again later",
+                h.broker_id,
+                len(holding),
+                sorted(agreed),
+                sorted(mine),
+                quorum,
+            )
+            return None
+        if self._busy() or self.kept_vns() != mine:
+            return None  # a round began meanwhile: its outcome decides
+        log.warning(
+            "%s: neighbour VNs %s differ from those %d siblings keep, %s: this replica "
+            "missed a round; taking their links and tables",
+            h.broker_id,
+            sorted(mine),
+            quorum,
+            sorted(agreed),
+        )
+        added = set(agreed - mine)
+        held = {
+            vn: (_filters(entry["adv"]), _filters(entry["sub"]))
+            for vn, entry in chosen["held"].items()
+        }
+        sent = {vn: _filters(subs) for vn, subs in chosen["sent"].items()}
+        h.adopt(added)
+        h.install_hood({h.vn, *mine, *agreed}, set(agreed), held, sent)
+        for vn in mine - agreed:
+            h.retire(vn)
+        h.dial([n for n in h.directory.values() if n.vn_id in added])
+        h.announce_links()
+        h.flush()
+        self.start_window()
+        self.stats.repaired += 1
+        await self.persist_links()
+        # Rounds may have moved the siblings again while they answered: check once more.
+        self._repair_soon(delay=_RECHECK)
+        return agreed
+
+    def _busy(self) -> bool:
+        """In a round, as member or coordinator."""
+        m = self.member
+        return m.lease is not None or m.pending is not None or self.coordinating is not None
+
+    async def _ask_neighbours(
+        self, sibling: NeighbourConfig, timeout: float, tables: bool = False
+    ) -> Reply | None:
+        """A sibling's answer to ``neighbours`` (with its tables if ``tables``; a refusal
+        while it is busy with a round), or None if it does not answer within ``timeout``."""
         h = self.hood
         channel = ControlChannel(h.broker_id, sibling.id, sibling.endpoint, h.link_tls())
         try:
             await channel.open(timeout)
-            return await channel.request("neighbours", {}, timeout)
+            return await channel.request("neighbours", {"tables": tables}, timeout)
         except (OSError, TrellisError, TimeoutError, asyncio.IncompleteReadError) as exc:
             log.info("sibling %s did not answer: %s", sibling.id, exc or type(exc).__name__)
             return None
@@ -1064,6 +1211,8 @@ class ReconfigAgent:
         self.markers.forget(round_id)
         self._vouched.pop(round_id, None)
         self._release()
+        # Back on a prepared round: its other members may have switched all the same.
+        self._repair_soon()
 
     def describe(self) -> dict[str, Any]:
         """State for ``/reconfig``: neighbourhood, lock, counters, recent rounds."""
@@ -1084,6 +1233,7 @@ class ReconfigAgent:
             "aborted": s.aborted,
             "requested": s.requested,
             "links_changed": s.links_changed,
+            "repaired": s.repaired,
             "saving": s.saving,
             "window": {
                 "seconds": time.monotonic() - self.window_started,
@@ -1102,3 +1252,7 @@ class ReconfigAgent:
 
 def _filters(wire: Mapping[str, Any]) -> dict[str, Filter]:
     return {str(k): Filter.from_wire(v) for k, v in wire.items()}
+
+
+def _wire(filters: Mapping[str, Filter]) -> dict[str, Any]:
+    return {k: f.to_wire() for k, f in filters.items()}

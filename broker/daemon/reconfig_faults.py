@@ -28,6 +28,13 @@ the others take what f + 1 of them vouched for), so the round applies the plan w
 right tables. It also never sends ``install`` or ``resume`` to one member of another VN (the
 largest id of the neighbourhood); that member, drained, installs what f + 1 replicas of the
 master VN vouched for when its lease ends, instead of going back alone.
+
+A replica that goes back (``byzantine = goes-back``, :class:`GoingBackAgent`) is not a
+coordinator but a member that fails every round's install and goes back at its end, as a
+replica restarted a moment before a round (its new links not all up yet) does, or one whose
+lease ran out before the vouches came. Its siblings switch without it; what brings it back
+in line is the honest repair every replica runs (:meth:`ReconfigAgent.repair_from_siblings`):
+it takes the links and tables f + 1 of its siblings keep.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from __future__ import annotations
 from broker.daemon.config import BrokerConfig
 from broker.daemon.reconfig_agent import ControlChannel, Neighbourhood, ReconfigAgent, WireTables
 from overlay.tree import Link, link
-from reconfig.live import OK, Pending, Prepare, Reply, Step, plan_digest
+from reconfig.live import OK, Install, Pending, Prepare, Reply, Step, plan_digest
 
 MISPLANS = ("cycle", "drop", "stranger", "equivocate")
 
@@ -142,9 +149,23 @@ class MistablingAgent(ReconfigAgent):
         return wrong
 
 
+class GoingBackAgent(ReconfigAgent):
+    """A member that fails every install and never goes forward (``byzantine = goes-back``)."""
+
+    async def handle(self, step: Step) -> Reply:
+        if isinstance(step, Install):
+            return Reply(False, f"{self.hood.broker_id}: install failed (goes-back)")
+        return await super().handle(step)
+
+    def _go_forward(self, pending: Pending) -> bool:
+        return False
+
+
 def reconfig_agent(hood: Neighbourhood, config: BrokerConfig) -> ReconfigAgent:
-    """The broker's reconfiguration agent: honest, or Byzantine for ``byzantine =
-    misplan`` or ``mistable``."""
+    """The broker's reconfiguration agent: honest, or faulty for ``byzantine = misplan``,
+    ``mistable`` or ``goes-back``."""
+    if config.byzantine == "goes-back":
+        return GoingBackAgent(hood, config.reconfig)
     if config.byzantine == "misplan":
         return MisplanningAgent(hood, config)
     if config.byzantine == "mistable":

@@ -112,6 +112,7 @@ class Server:
                 tg.create_task(self.broker.heartbeat()),
                 tg.create_task(self.broker.watch_copies()),
                 tg.create_task(self.broker.reconfig.run()),
+                tg.create_task(self.broker.reconfig.repair_loop()),
             ]
             for neighbour in list(self.broker.neighbours.values()):
                 self.broker.start_dialer(neighbour)

@@ -50,6 +50,8 @@ Owned = dict[str, tuple[Filter, str]]
 """Entries by overlay-wide key, with the neighbourhood node whose region they come from."""
 LinkState = tuple[dict[str, Filter], dict[str, Filter]]
 """What one directed link carries: (advertisements, subscriptions) by overlay-wide key."""
+LinkTables = dict[str, tuple[LinkState, dict[str, Filter]]]
+"""Per neighbour: what the broker holds from it, and the subscriptions forwarded to it."""
 
 
 @dataclass(slots=True)
@@ -388,6 +390,19 @@ class Router(Generic[H]):
                 actions += self._forward_pending(n)
             actions += [(n, Unadvertise(0, key)) for key in old_adv.keys() - new_adv.keys()]
         return actions
+
+    def link_tables(self) -> LinkTables:
+        """Per neighbour (by peer id): what this broker holds from it and the subscriptions
+        it has forwarded to it, in the form :meth:`install_hood` takes: a replica that
+        missed a round installs what its siblings hold (they share one router state)."""
+        return {
+            str(hop.peer_id): (
+                (dict(state.advertisements), dict(state.subscriptions)),
+                dict(state.forwarded),
+            )
+            for hop, state in self._hops.items()
+            if hop in self._neighbours
+        }
 
     # -- introspection --------------------------------------------------------------------
 

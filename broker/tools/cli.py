@@ -346,21 +346,10 @@ def replica_counts(text: str, vns: list[str]) -> dict[str, int]:
     return dict(zip(vns, counts, strict=True))
 
 
-BYZANTINE_MODES = (
-    "drop",
-    "corrupt",
-    "equivocate",
-    "delay",
-    "replay",
-    "reorder",
-    "collude",
-    "misplan",
-    "mistable",
-)
-
-
 def byzantine_modes(items: list[str]) -> dict[str, dict[str, Any]]:
     """``--byzantine b1.0=drop`` (repeatable) as per-broker config overrides."""
+    from broker.daemon.config import BYZANTINE_MODES
+
     overrides: dict[str, dict[str, Any]] = {}
     for item in items:
         broker_id, sep, mode = item.partition("=")
