@@ -724,6 +724,12 @@ class Broker:
     def end_standby(self, vns: set[str]) -> None:
         self.standby_vns -= vns
 
+    def record_routes(self, on: bool) -> None:
+        self.forwarder.record_routes(on)
+
+    def replay_routes(self) -> int:
+        return self.forwarder.replay_routes()
+
     def adopt(self, vns: set[str]) -> None:
         self.adopted_vns |= vns
         for peer in self.directory.values():

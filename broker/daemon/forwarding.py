@@ -17,6 +17,15 @@ the stream live and honest: a publication that blocks later, agreed ones for
 replica that sent nothing for ``silence_deadline`` seconds after a publication from its VN
 was agreed is blamed as silent.
 
+Live reconfiguration: the replicas of a VN in a round stop reading their inputs (the
+publisher, links from outside the neighbourhood) each when its own freeze arrives, so a
+publication read in between is routed on the old tables at one replica and on the new ones at
+another: each path would get one good copy, fewer than ``f + 1``. So from the round's prepare
+on, a broker records what it routes (:meth:`Forwarder.record_routes`), and right after it
+installs the new tables, before it reads anything new, it sends each recorded publication to
+the neighbour VNs the new tables add for it (:meth:`Forwarder.replay_routes`), in order; the
+receivers drop what reached them another way (``SeenPublications``).
+
 Back-pressure: a local subscriber whose send buffer is over its limit loses the delivery
 (counted per subscription and reported in a ``NOTICE dropped``); links between brokers
 never drop (the daemon stops reading from its clients instead).
@@ -27,8 +36,9 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from broker.daemon.hops import Hop, SeenPublications, VNHop
 from broker.daemon.shares import SecureForwarding
@@ -54,6 +64,22 @@ Content = tuple[bytes, SecBlock | None, tuple[tuple[str, Value], ...], tuple[typ
 
 Copies = ReplicatedStream[str, Forward]
 """One publisher's copies from one upstream VN, by sending replica."""
+
+# The most publications a broker records during one round (a lease at most): the window
+# that needs replaying is the spread of its VN's freeze points, a few publications.
+ROUTE_RECORD_LIMIT = 4096
+
+
+class RoutedPublication(NamedTuple):
+    """A publication as routed while a round was prepared, and the brokers it went to."""
+
+    source: Hop
+    publisher: str
+    seq: int
+    attrs: Mapping[str, Value]
+    payload: bytes
+    sec: SecBlock | None
+    brokers: frozenset[Hop]
 
 
 def content_of(msg: Forward) -> Content:
@@ -93,6 +119,8 @@ class Forwarder:
         self.traffic: TrafficClasses = defaultdict(int)
         # Traffic log (SPEC §7): the hot path appends a tuple; a thread formats and writes.
         self.tlog = tlog
+        # What was routed since a live round was prepared here (None: no round).
+        self.recorded: deque[RoutedPublication] | None = None
 
     def start_window(self) -> None:
         """Count traffic classes afresh (a reconfiguration window started)."""
@@ -233,6 +261,29 @@ class Forwarder:
                         now - agreed,
                     )
 
+    def record_routes(self, on: bool) -> None:
+        """Start (a round was prepared) or stop (it ended) recording what is routed."""
+        self.recorded = deque(maxlen=ROUTE_RECORD_LIMIT) if on else None
+
+    def replay_routes(self) -> int:
+        """Right after a round's install: send every publication routed since the prepare
+        to the neighbour VNs the new tables add for it, in the order they were routed, with
+        its key shares; returns how many copies went out."""
+        recorded, self.recorded = self.recorded, None
+        sent = 0
+        for p in recorded or ():
+            targets = self.router.route(p.attrs, p.source)
+            added = [h for h in targets if h.is_broker and h not in p.brokers]
+            if not added:
+                continue
+            frame = encode_forward(p.publisher, p.seq, p.attrs, p.payload, p.sec)
+            for hop in added:
+                self.send_forward(hop, frame, p.publisher, p.seq, p.attrs, p.payload, p.sec)
+                sent += 1
+            if p.sec is not None:
+                self.shares.routed(p.publisher, p.sec.epoch, added, p.sec)
+        return sent
+
     def send_forward(
         self,
         hop: Hop,
@@ -336,3 +387,7 @@ class Forwarder:
         if sec is not None:
             # After the content, so every hop sees a publication before its key shares.
             self.shares.routed(publisher, sec.epoch, targets, sec)
+        recorded = self.recorded
+        if recorded is not None:
+            brokers = frozenset(h for h in targets if h.is_broker)
+            recorded.append(RoutedPublication(source, publisher, seq, attrs, payload, sec, brokers))

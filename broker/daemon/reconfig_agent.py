@@ -195,6 +195,12 @@ class Neighbourhood(Protocol):
     def accept_standby(self, vns: set[str]) -> None:
         """Take the brokers of ``vns`` as neighbours, linked in standby."""
 
+    def record_routes(self, on: bool) -> None:
+        """Start (a round was prepared) or stop recording what this broker routes."""
+
+    def replay_routes(self) -> int:
+        """Send what was routed since the prepare to the neighbours the new tables add."""
+
     def adopt(self, vns: set[str]) -> None:
         """Take the brokers of ``vns`` as neighbours (f + 1 siblings are linked to them),
         accepting their links whatever this broker's link states say."""
@@ -993,6 +999,7 @@ class ReconfigAgent:
             return pending
         self.markers.forget(step.round)
         h.accept_standby(pending.added)
+        h.record_routes(True)
         return OK
 
     async def _connect(self, pending: Pending, step: Step) -> Reply:
@@ -1101,6 +1108,11 @@ class ReconfigAgent:
         h = self.hood
         h.end_standby(pending.added)
         h.install_hood(pending.hood, pending.new_neighbours, held, sent)
+        # Before anything new is read: what a sibling that froze earlier routes on the new
+        # tables from now on, this broker may have routed on the old ones.
+        replayed = h.replay_routes()
+        if replayed:
+            log.info("round %s: %d recorded copies sent on new links", pending.round, replayed)
         h.flush()
         pending.installed = True
 
@@ -1180,6 +1192,7 @@ class ReconfigAgent:
     def resume(self, pending: Pending) -> None:
         """Read again, close the removed links, release the lock."""
         h = self.hood
+        h.record_routes(False)
         for vn in pending.removed:
             h.retire(vn)
         h.unfreeze()
@@ -1201,6 +1214,7 @@ class ReconfigAgent:
             self.resume(pending)
             return
         h = self.hood
+        h.record_routes(False)
         for vn in pending.added:
             h.retire(vn)
         h.end_standby(pending.added)
