@@ -30,6 +30,7 @@ from security.propagation import (
     Member,
     PathView,
     PropagationError,
+    Reconstruction,
     ShareRecord,
     reconstruct,
     threshold_for,
@@ -182,6 +183,8 @@ class PathShares:
     widths: dict[tuple[int, ...], int] = field(default_factory=dict)
     widths_of: int = 0
     total: int | None = None  # the leaves those splits make (None: one not known yet)
+    # the quick pass over the complete set (no seal checked), kept for the clean check
+    clean: Reconstruction | None = None
 
 
 @dataclass
@@ -294,9 +297,12 @@ class KeyAssembly:
             path.tried = len(shares)
             path.quick = path.quick or ChainVerifier(view, seals="none")
             try:
-                quick = reconstruct(shares, view, pub_id, verifier=path.quick)
+                quick = reconstruct(shares, view, pub_id, verifier=path.quick, complete=complete)
             except PropagationError:
                 quick = None
+            if complete:
+                # The same pass over the same shares as the clean check below: run it once.
+                path.clean = quick
             if quick is not None and quick.key is not None:
                 self.key = quick.key
                 self.tentative = True
@@ -305,10 +311,12 @@ class KeyAssembly:
         if self.key is not None and not self.distrust and not path.checked:
             path.checked = True
             path.quick = path.quick or ChainVerifier(view, seals="none")
-            try:
-                clean = reconstruct(shares, view, pub_id, verifier=path.quick, complete=True)
-            except PropagationError:
-                clean = None
+            clean = path.clean
+            if clean is None or path.tried != len(shares):
+                try:
+                    clean = reconstruct(shares, view, pub_id, verifier=path.quick, complete=True)
+                except PropagationError:
+                    clean = None
             if (
                 clean is not None
                 and not clean.blame

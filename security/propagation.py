@@ -999,6 +999,7 @@ def reconstruct(
     leaves: dict[Lineage, ShareRecord] = {}
     # node -> statement -> one certificate stating it (versions differ in what they state)
     versions: dict[Lineage, dict[tuple[object, ...], SplitCert]] = defaultdict(dict)
+    seen: set[SplitCert] = set()
 
     for sender, record in deliveries:
         fault = verifier.record_fault(record, pub_id)
@@ -1014,7 +1015,11 @@ def reconstruct(
             blames.append(Blame(sender, Fault.WRONG_SENDER, lineage, "it does not hold this share"))
             continue
         for cert in record.certs:
-            versions[cert.node].setdefault(cert.statement, cert)
+            # Every share below a split carries the same certificate (one object per
+            # process, parsed once): its statement is built and hashed once per pass.
+            if cert not in seen:
+                seen.add(cert)
+                versions[cert.node].setdefault(cert.statement, cert)
         previous = leaves.get(lineage)
         if previous is None:
             leaves[lineage] = record
@@ -1032,8 +1037,8 @@ def reconstruct(
     # candidates[node] maps commitment -> opening of every value recovered for that node.
     candidates: dict[Lineage, dict[bytes, bytes]] = defaultdict(dict)
     for lineage, record in leaves.items():
-        opening = record.opening
-        candidates[lineage][commitment(opening)] = opening
+        # record_fault checked the opening against this commitment: no need to hash it again.
+        candidates[lineage][record.certs[-1].commitments[lineage[-1]]] = record.opening
 
     for level in range(depth - 1, -1, -1):
         nodes = sorted(node for node in versions if len(node) == level)
@@ -1088,7 +1093,7 @@ def _recover_node(
         for j, digest in enumerate(cert.commitments):
             opening = candidates.get((*node, j), {}).get(digest)
             if opening is not None:
-                points.append(shamir.Share(j + 1, opening[SALT_SIZE:]))
+                points.append(shamir.trusted_share(j + 1, opening[SALT_SIZE:]))
         best = max(best, len(points))
         if len(points) < cert.k:
             continue
