@@ -344,8 +344,14 @@ class SecureForwarding:
         if inbox is not None:
             self._accept(key, inbox, record, sender)
         elif sec is None or path is not None:
-            self._remember(self.unverified, key).append((record, sender, path))
-            self._open_inboxes(key)
+            pending = self._remember(self.unverified, key)
+            # A sender that already vouched for this path adds no vote: the path is still
+            # not agreed, so recounting every waiting share (quadratic in a frame's shares
+            # of one epoch) would change nothing.
+            known = sec is not None and any(p == path and s == sender for _, s, p in pending)
+            pending.append((record, sender, path))
+            if not known:
+                self._open_inboxes(key)
 
     def _claim(
         self, key: tuple[str, int], sec: SecBlock, record: ShareRecord, sender: str
