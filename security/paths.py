@@ -324,6 +324,10 @@ class KeyAssembly:
                 and _draw.randrange(AUDIT_ONE_IN) != 0
             ):
                 path.audited = True
+                # Caches of a finished epoch: a subscriber keeps thousands of epochs, and
+                # every object they hold is scanned again by each full garbage collection.
+                path.quick = None
+                path.clean = None
                 return
         # No key from the quick pass (forged certificates can make it ambiguous), or the
         # wait is over: the verified pass.
@@ -335,6 +339,7 @@ class KeyAssembly:
                 log.warning("reconstruction of %s/%d failed: %s", self.publisher, self.seq, exc)
             return
         path.audited = complete
+        path.clean = None
         if result.culprits - self.culprits:
             self.culprits = self.culprits | result.culprits
             log.warning(
