@@ -54,7 +54,7 @@ import hashlib
 import os
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple, TypeVar
 
@@ -508,6 +508,31 @@ class ShareRecord:
         """``salt || data``: what the commitment covers and what the next split shares."""
         return self.salt + self.data
 
+    def with_cert(self, cert: SplitCert) -> ShareRecord:
+        """This share with its newest certificate replaced (by its sealed form)."""
+        return _record(self.pub_id, self.lineage, (*self.certs[:-1], cert), self.salt, self.data)
+
+
+_new_object = object.__new__
+_set_pub_id, _set_lineage, _set_certs, _set_salt, _set_data = (
+    ShareRecord.__dict__[name].__set__ for name in ("pub_id", "lineage", "certs", "salt", "data")
+)
+
+
+def _record(
+    pub_id: bytes, lineage: Lineage, certs: tuple[SplitCert, ...], salt: bytes, data: bytes
+) -> ShareRecord:
+    """A :class:`ShareRecord` without the frozen dataclass ``__init__`` (one
+    ``object.__setattr__`` call per field): every hop builds several per share, and the
+    class does no checks of its own (:class:`ChainVerifier` checks records)."""
+    record = _new_object(ShareRecord)
+    _set_pub_id(record, pub_id)
+    _set_lineage(record, lineage)
+    _set_certs(record, certs)
+    _set_salt(record, salt)
+    _set_data(record, data)
+    return record
+
 
 def _split_node(
     secret: bytes,
@@ -530,13 +555,12 @@ def _split_node(
     cert = SplitCert(pub_id, node, k, r, splitter, commitments, b"", parent)
     certs = (*parent_certs, cert)
     return [
-        ShareRecord(pub_id, (*node, j), certs, salt, data)
-        for j, (salt, data) in enumerate(openings)
+        _record(pub_id, (*node, j), certs, salt, data) for j, (salt, data) in enumerate(openings)
     ]
 
 
 def _with_last_cert(records: list[ShareRecord], cert: SplitCert) -> list[ShareRecord]:
-    return [replace(rec, certs=(*rec.certs[:-1], cert)) for rec in records]
+    return [rec.with_cert(cert) for rec in records]
 
 
 class CertBatch:
@@ -1333,7 +1357,7 @@ class LinkCertsIn:
             if problem is not None:
                 out.append((publisher, seq, problem))
             else:
-                out.append((publisher, seq, ShareRecord(pub_id, lineage, tuple(chain), salt, data)))
+                out.append((publisher, seq, _record(pub_id, lineage, tuple(chain), salt, data)))
         return out
 
 

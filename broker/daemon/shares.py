@@ -571,13 +571,7 @@ class SecureForwarding:
             if conn.closing:
                 continue
             cert = sealed.get(sub.certs[-1])
-            record = (
-                sub
-                if cert is None
-                else ShareRecord(
-                    sub.pub_id, sub.lineage, (*sub.certs[:-1], cert), sub.salt, sub.data
-                )
-            )
+            record = sub if cert is None else sub.with_cert(cert)
             items = per_conn.get(conn)
             if items is None:
                 items = per_conn[conn] = []
