@@ -237,9 +237,7 @@ class KeyAssembly:
             if claim is None:
                 continue
             self._claims.setdefault(claim, []).append((sender, record))
-            if claim not in self.paths and self._vote.offer(
-                manifest, self.sec, record, sender, holder_vn
-            ):
+            if claim not in self.paths and self._vote.vouch(manifest, claim, sender):
                 view = path_view(manifest, self.publisher, self.sec, claim)
                 self.paths[claim] = PathShares(view, self._claims[claim])
         self._classified = len(self.shares)
