@@ -1186,6 +1186,30 @@ def _pack_cert(c: SplitCert) -> bytes:
     return packed
 
 
+_BYTES_ONLY = frozenset({bytes})
+# A parsed certificate is built without the frozen dataclass __init__ (one
+# object.__setattr__ per field, and __post_init__): a relaying broker parses every
+# certificate of every share it holds. Its fields in order, then the packed statement.
+_CERT_SETTERS = tuple(
+    SplitCert.__dict__[name].__set__
+    for name in (
+        "pub_id",
+        "node",
+        "k",
+        "r",
+        "splitter",
+        "commitments",
+        "signature",
+        "parent",
+        "position",
+        "count",
+        "proof",
+        "_signed",
+    )
+)
+_set_cert_hash = SplitCert.__dict__["_hash"].__set__
+
+
 def _unpack_cert(raw: bytes) -> SplitCert:
     cert = _PARSED.get(raw)
     if cert is not None:
@@ -1204,13 +1228,18 @@ def _unpack_cert(raw: bytes) -> SplitCert:
         and type(count) is int
         and type(commits) is tuple
         and type(proof) is tuple
-        and all(type(x) is bytes for x in commits)
-        and all(type(x) is bytes for x in proof)
+        and _BYTES_ONLY.issuperset(map(type, commits))
+        and _BYTES_ONLY.issuperset(map(type, proof))
     ):
         raise TypeError("malformed certificate")
-    cert = SplitCert(
-        c_pub, _ints(node), k, r, splitter, commits, sig, parent, position, count, proof
-    )
+    cert = _new_object(SplitCert)
+    for setter, value in zip(
+        _CERT_SETTERS,
+        (c_pub, _ints(node), k, r, splitter, commits, sig, parent, position, count, proof, None),
+        strict=True,
+    ):
+        setter(cert, value)
+    _set_cert_hash(cert, hash((cert.statement, (sig, position, count, proof))))
     # A relaying broker sends on what it parsed: the bytes it got are the certificate's
     # wire form (they parse to it), so it is never packed again.
     if cert not in _PACKED:
