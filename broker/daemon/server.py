@@ -170,10 +170,11 @@ def tune_gc() -> None:
     A broker keeps tens of thousands of long-lived objects (held key shares, verified
     certificates, epochs it served) and allocates a few hundred per confidential
     publication. At CPython's default thresholds the collector ran every 700 allocations
-    and re-scanned the old generation every few hundred publications: 15-25 % of a
-    broker's CPU in a confidential stream (bench/RESULTS.md, 2026-11-26 evening). Freezing
-    what startup built and collecting the young generation every 50,000 allocations cuts
-    that to about 5 %; reference counting still frees everything not in a cycle at once.
+    and re-scanned the whole heap every few hundred publications: about 6.5 % of the CPU
+    of a middle or last-VN replica in a confidential stream, 3.3 % with these settings
+    (process CPU time inside the collector, bench/RESULTS.md, 2026-11-26 evening); the
+    longest pauses are no longer full collections. Reference counting still frees
+    everything not in a cycle at once.
     """
     gc.collect()
     gc.freeze()
