@@ -715,10 +715,19 @@ class ChainVerifier:
     sender's certificate; the sender vouched for the ones above) or ``"none"`` (a subscriber's
     quick pass for the key, which the AES-GCM tag then checks; never a basis for blame).
     Seal checks go through a :class:`SealCache`, so one batch root costs one verification.
+
+    ``prefixes``: remember the verdict on the levels above each share, per chain and
+    lineage. A subscriber gets r shares below every split of the last VN, so it checks
+    each chain once instead of r times; a broker gets one share per chain (keep False).
     """
 
     def __init__(
-        self, path: PathView, *, seals: str = "all", cache: SealCache | None = None
+        self,
+        path: PathView,
+        *,
+        seals: str = "all",
+        cache: SealCache | None = None,
+        prefixes: bool = True,
     ) -> None:
         if seals not in ("all", "last", "none"):
             raise PropagationError(f"seals must be all, last or none, got {seals!r}")
@@ -733,6 +742,8 @@ class ChainVerifier:
         self._records: dict[
             tuple[int, bytes | None], tuple[ShareRecord, tuple[str, str | None] | None]
         ] = {}
+        self._prefixes: dict[tuple[tuple[SplitCert, ...], Lineage, bytes], str | None] | None
+        self._prefixes = {} if prefixes else None
 
     def cert_problem(
         self, cert: SplitCert, pub_id: bytes, node: Lineage, parent: bytes | None = None
@@ -834,18 +845,26 @@ class ChainVerifier:
             return "malformed salt", None
         if not isinstance(record.data, bytes):
             return "malformed data", None
-        parent = b""
-        for depth, cert in enumerate(certs):
-            index = lineage[depth]
-            if type(index) is not int or not 0 <= index < len(self.path.vns[depth]):
-                return f"lineage index {index!r} out of range at level {depth + 1}", None
-            problem = self._shape_problem(cert, record.pub_id, lineage[:depth], parent)
-            if problem:
-                return f"level {depth + 1}: {problem}", None
-            if index >= cert.r:
-                return f"lineage index {index} out of the split's {cert.r}", None
-            if depth + 1 < len(certs):
-                parent = self._digest(cert)
+        last = len(certs) - 1
+        prefixes = self._prefixes
+        if last:
+            if prefixes is None:
+                problem = self._levels_problem(record, 0, last)
+            else:
+                # The levels above this share are the same for every share of a split
+                # below them (a subscriber gets r of each): checked once per chain.
+                prefix = (certs[:last], lineage[:last], record.pub_id)
+                try:
+                    problem = prefixes.get(prefix, _UNSEEN)
+                except TypeError:  # a garbled record (an unhashable lineage or certificate)
+                    problem = self._levels_problem(record, 0, last)
+                if problem is _UNSEEN:
+                    problem = prefixes[prefix] = self._levels_problem(record, 0, last)
+            if problem is not None:
+                return problem, None
+        problem = self._levels_problem(record, last, last + 1)
+        if problem is not None:
+            return problem, None
         if commitment(record.opening) != certs[-1].commitments[lineage[-1]]:
             return "opening does not match its commitment", None
         if self.seals == "none":
@@ -867,6 +886,26 @@ class ChainVerifier:
                         f"vouched for by {voucher!r}",
                         voucher,
                     )
+        return None
+
+    def _levels_problem(self, record: ShareRecord, start: int, stop: int) -> str | None:
+        """Why the record's certificates at levels ``start + 1`` .. ``stop`` (and its
+        lineage indices there) do not fit, or None."""
+        lineage = record.lineage
+        certs = record.certs
+        parent = self._digest(certs[start - 1]) if start else b""
+        for depth in range(start, stop):
+            cert = certs[depth]
+            index = lineage[depth]
+            if type(index) is not int or not 0 <= index < len(self.path.vns[depth]):
+                return f"lineage index {index!r} out of range at level {depth + 1}"
+            problem = self._shape_problem(cert, record.pub_id, lineage[:depth], parent)
+            if problem:
+                return f"level {depth + 1}: {problem}"
+            if index >= cert.r:
+                return f"lineage index {index} out of the split's {cert.r}"
+            if depth + 1 < stop:
+                parent = self._digest(cert)
         return None
 
     def record_problem(self, record: ShareRecord, pub_id: bytes | None = None) -> str | None:
@@ -908,7 +947,10 @@ class ShareInbox:
         """Verify further records against ``path``: a new manifest version of the same VNs
         (replicas attached or detached); what was accepted stays accepted."""
         self.path = path
-        self.verifier = ChainVerifier(path, seals=self.verifier.seals, cache=self.verifier.cache)
+        old = self.verifier
+        self.verifier = ChainVerifier(
+            path, seals=old.seals, cache=old.cache, prefixes=old._prefixes is not None
+        )
 
     @property
     def records(self) -> list[ShareRecord]:
@@ -1100,6 +1142,9 @@ def _same_share(a: ShareRecord, b: ShareRecord) -> bool:
     )
 
 
+_NO_CANDIDATES: dict[bytes, bytes] = {}  # read only: a child nothing was recovered for
+
+
 def _recover_node(
     node: Lineage,
     certs: list[SplitCert],
@@ -1115,7 +1160,7 @@ def _recover_node(
     for cert in certs:
         points = []
         for j, digest in enumerate(cert.commitments):
-            opening = candidates.get((*node, j), {}).get(digest)
+            opening = candidates.get((*node, j), _NO_CANDIDATES).get(digest)
             if opening is not None:
                 points.append(shamir.trusted_share(j + 1, opening[SALT_SIZE:]))
         best = max(best, len(points))

@@ -387,7 +387,7 @@ class SecureForwarding:
             try:
                 view = path_view(self.manifest, key[0], sec, chosen)
                 # Hashes at once; the sender's seal when the share is split (_send).
-                quick = ChainVerifier(view, seals="none")
+                quick = ChainVerifier(view, seals="none", prefixes=False)
                 opened[chosen] = ShareInbox(
                     view, publication_id(*key), view.depth, self.replica, quick
                 )
