@@ -30,6 +30,7 @@ from security.propagation import (
     Member,
     PathView,
     PropagationError,
+    Reconstruction,
     ShareRecord,
     reconstruct,
     threshold_for,
@@ -182,6 +183,8 @@ class PathShares:
     widths: dict[tuple[int, ...], int] = field(default_factory=dict)
     widths_of: int = 0
     total: int | None = None  # the leaves those splits make (None: one not known yet)
+    # the quick pass over the complete set (no seal checked), kept for the clean check
+    clean: Reconstruction | None = None
 
 
 @dataclass
@@ -234,9 +237,7 @@ class KeyAssembly:
             if claim is None:
                 continue
             self._claims.setdefault(claim, []).append((sender, record))
-            if claim not in self.paths and self._vote.offer(
-                manifest, self.sec, record, sender, holder_vn
-            ):
+            if claim not in self.paths and self._vote.vouch(manifest, claim, sender):
                 view = path_view(manifest, self.publisher, self.sec, claim)
                 self.paths[claim] = PathShares(view, self._claims[claim])
         self._classified = len(self.shares)
@@ -294,9 +295,12 @@ class KeyAssembly:
             path.tried = len(shares)
             path.quick = path.quick or ChainVerifier(view, seals="none")
             try:
-                quick = reconstruct(shares, view, pub_id, verifier=path.quick)
+                quick = reconstruct(shares, view, pub_id, verifier=path.quick, complete=complete)
             except PropagationError:
                 quick = None
+            if complete:
+                # The same pass over the same shares as the clean check below: run it once.
+                path.clean = quick
             if quick is not None and quick.key is not None:
                 self.key = quick.key
                 self.tentative = True
@@ -305,10 +309,12 @@ class KeyAssembly:
         if self.key is not None and not self.distrust and not path.checked:
             path.checked = True
             path.quick = path.quick or ChainVerifier(view, seals="none")
-            try:
-                clean = reconstruct(shares, view, pub_id, verifier=path.quick, complete=True)
-            except PropagationError:
-                clean = None
+            clean = path.clean
+            if clean is None or path.tried != len(shares):
+                try:
+                    clean = reconstruct(shares, view, pub_id, verifier=path.quick, complete=True)
+                except PropagationError:
+                    clean = None
             if (
                 clean is not None
                 and not clean.blame
@@ -316,6 +322,10 @@ class KeyAssembly:
                 and _draw.randrange(AUDIT_ONE_IN) != 0
             ):
                 path.audited = True
+                # Caches of a finished epoch: a subscriber keeps thousands of epochs, and
+                # every object they hold is scanned again by each full garbage collection.
+                path.quick = None
+                path.clean = None
                 return
         # No key from the quick pass (forged certificates can make it ambiguous), or the
         # wait is over: the verified pass.
@@ -327,6 +337,7 @@ class KeyAssembly:
                 log.warning("reconstruction of %s/%d failed: %s", self.publisher, self.seq, exc)
             return
         path.audited = complete
+        path.clean = None
         if result.culprits - self.culprits:
             self.culprits = self.culprits | result.culprits
             log.warning(

@@ -54,7 +54,7 @@ import hashlib
 import os
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple, TypeVar
 
@@ -508,6 +508,31 @@ class ShareRecord:
         """``salt || data``: what the commitment covers and what the next split shares."""
         return self.salt + self.data
 
+    def with_cert(self, cert: SplitCert) -> ShareRecord:
+        """This share with its newest certificate replaced (by its sealed form)."""
+        return _record(self.pub_id, self.lineage, (*self.certs[:-1], cert), self.salt, self.data)
+
+
+_new_object = object.__new__
+_set_pub_id, _set_lineage, _set_certs, _set_salt, _set_data = (
+    ShareRecord.__dict__[name].__set__ for name in ("pub_id", "lineage", "certs", "salt", "data")
+)
+
+
+def _record(
+    pub_id: bytes, lineage: Lineage, certs: tuple[SplitCert, ...], salt: bytes, data: bytes
+) -> ShareRecord:
+    """A :class:`ShareRecord` without the frozen dataclass ``__init__`` (one
+    ``object.__setattr__`` call per field): every hop builds several per share, and the
+    class does no checks of its own (:class:`ChainVerifier` checks records)."""
+    record = _new_object(ShareRecord)
+    _set_pub_id(record, pub_id)
+    _set_lineage(record, lineage)
+    _set_certs(record, certs)
+    _set_salt(record, salt)
+    _set_data(record, data)
+    return record
+
 
 def _split_node(
     secret: bytes,
@@ -530,13 +555,12 @@ def _split_node(
     cert = SplitCert(pub_id, node, k, r, splitter, commitments, b"", parent)
     certs = (*parent_certs, cert)
     return [
-        ShareRecord(pub_id, (*node, j), certs, salt, data)
-        for j, (salt, data) in enumerate(openings)
+        _record(pub_id, (*node, j), certs, salt, data) for j, (salt, data) in enumerate(openings)
     ]
 
 
 def _with_last_cert(records: list[ShareRecord], cert: SplitCert) -> list[ShareRecord]:
-    return [replace(rec, certs=(*rec.certs[:-1], cert)) for rec in records]
+    return [rec.with_cert(cert) for rec in records]
 
 
 class CertBatch:
@@ -691,10 +715,19 @@ class ChainVerifier:
     sender's certificate; the sender vouched for the ones above) or ``"none"`` (a subscriber's
     quick pass for the key, which the AES-GCM tag then checks; never a basis for blame).
     Seal checks go through a :class:`SealCache`, so one batch root costs one verification.
+
+    ``prefixes``: remember the verdict on the levels above each share, per chain and
+    lineage. A subscriber gets r shares below every split of the last VN, so it checks
+    each chain once instead of r times; a broker gets one share per chain (keep False).
     """
 
     def __init__(
-        self, path: PathView, *, seals: str = "all", cache: SealCache | None = None
+        self,
+        path: PathView,
+        *,
+        seals: str = "all",
+        cache: SealCache | None = None,
+        prefixes: bool = True,
     ) -> None:
         if seals not in ("all", "last", "none"):
             raise PropagationError(f"seals must be all, last or none, got {seals!r}")
@@ -709,6 +742,8 @@ class ChainVerifier:
         self._records: dict[
             tuple[int, bytes | None], tuple[ShareRecord, tuple[str, str | None] | None]
         ] = {}
+        self._prefixes: dict[tuple[tuple[SplitCert, ...], Lineage, bytes], str | None] | None
+        self._prefixes = {} if prefixes else None
 
     def cert_problem(
         self, cert: SplitCert, pub_id: bytes, node: Lineage, parent: bytes | None = None
@@ -810,18 +845,26 @@ class ChainVerifier:
             return "malformed salt", None
         if not isinstance(record.data, bytes):
             return "malformed data", None
-        parent = b""
-        for depth, cert in enumerate(certs):
-            index = lineage[depth]
-            if type(index) is not int or not 0 <= index < len(self.path.vns[depth]):
-                return f"lineage index {index!r} out of range at level {depth + 1}", None
-            problem = self._shape_problem(cert, record.pub_id, lineage[:depth], parent)
-            if problem:
-                return f"level {depth + 1}: {problem}", None
-            if index >= cert.r:
-                return f"lineage index {index} out of the split's {cert.r}", None
-            if depth + 1 < len(certs):
-                parent = self._digest(cert)
+        last = len(certs) - 1
+        prefixes = self._prefixes
+        if last:
+            if prefixes is None:
+                problem = self._levels_problem(record, 0, last)
+            else:
+                # The levels above this share are the same for every share of a split
+                # below them (a subscriber gets r of each): checked once per chain.
+                prefix = (certs[:last], lineage[:last], record.pub_id)
+                try:
+                    problem = prefixes.get(prefix, _UNSEEN)
+                except TypeError:  # a garbled record (an unhashable lineage or certificate)
+                    problem = self._levels_problem(record, 0, last)
+                if problem is _UNSEEN:
+                    problem = prefixes[prefix] = self._levels_problem(record, 0, last)
+            if problem is not None:
+                return problem, None
+        problem = self._levels_problem(record, last, last + 1)
+        if problem is not None:
+            return problem, None
         if commitment(record.opening) != certs[-1].commitments[lineage[-1]]:
             return "opening does not match its commitment", None
         if self.seals == "none":
@@ -843,6 +886,26 @@ class ChainVerifier:
                         f"vouched for by {voucher!r}",
                         voucher,
                     )
+        return None
+
+    def _levels_problem(self, record: ShareRecord, start: int, stop: int) -> str | None:
+        """Why the record's certificates at levels ``start + 1`` .. ``stop`` (and its
+        lineage indices there) do not fit, or None."""
+        lineage = record.lineage
+        certs = record.certs
+        parent = self._digest(certs[start - 1]) if start else b""
+        for depth in range(start, stop):
+            cert = certs[depth]
+            index = lineage[depth]
+            if type(index) is not int or not 0 <= index < len(self.path.vns[depth]):
+                return f"lineage index {index!r} out of range at level {depth + 1}"
+            problem = self._shape_problem(cert, record.pub_id, lineage[:depth], parent)
+            if problem:
+                return f"level {depth + 1}: {problem}"
+            if index >= cert.r:
+                return f"lineage index {index} out of the split's {cert.r}"
+            if depth + 1 < stop:
+                parent = self._digest(cert)
         return None
 
     def record_problem(self, record: ShareRecord, pub_id: bytes | None = None) -> str | None:
@@ -884,7 +947,10 @@ class ShareInbox:
         """Verify further records against ``path``: a new manifest version of the same VNs
         (replicas attached or detached); what was accepted stays accepted."""
         self.path = path
-        self.verifier = ChainVerifier(path, seals=self.verifier.seals, cache=self.verifier.cache)
+        old = self.verifier
+        self.verifier = ChainVerifier(
+            path, seals=old.seals, cache=old.cache, prefixes=old._prefixes is not None
+        )
 
     @property
     def records(self) -> list[ShareRecord]:
@@ -999,6 +1065,7 @@ def reconstruct(
     leaves: dict[Lineage, ShareRecord] = {}
     # node -> statement -> one certificate stating it (versions differ in what they state)
     versions: dict[Lineage, dict[tuple[object, ...], SplitCert]] = defaultdict(dict)
+    seen: set[SplitCert] = set()
 
     for sender, record in deliveries:
         fault = verifier.record_fault(record, pub_id)
@@ -1014,7 +1081,11 @@ def reconstruct(
             blames.append(Blame(sender, Fault.WRONG_SENDER, lineage, "it does not hold this share"))
             continue
         for cert in record.certs:
-            versions[cert.node].setdefault(cert.statement, cert)
+            # Every share below a split carries the same certificate (one object per
+            # process, parsed once): its statement is built and hashed once per pass.
+            if cert not in seen:
+                seen.add(cert)
+                versions[cert.node].setdefault(cert.statement, cert)
         previous = leaves.get(lineage)
         if previous is None:
             leaves[lineage] = record
@@ -1032,8 +1103,8 @@ def reconstruct(
     # candidates[node] maps commitment -> opening of every value recovered for that node.
     candidates: dict[Lineage, dict[bytes, bytes]] = defaultdict(dict)
     for lineage, record in leaves.items():
-        opening = record.opening
-        candidates[lineage][commitment(opening)] = opening
+        # record_fault checked the opening against this commitment: no need to hash it again.
+        candidates[lineage][record.certs[-1].commitments[lineage[-1]]] = record.opening
 
     for level in range(depth - 1, -1, -1):
         nodes = sorted(node for node in versions if len(node) == level)
@@ -1071,6 +1142,9 @@ def _same_share(a: ShareRecord, b: ShareRecord) -> bool:
     )
 
 
+_NO_CANDIDATES: dict[bytes, bytes] = {}  # read only: a child nothing was recovered for
+
+
 def _recover_node(
     node: Lineage,
     certs: list[SplitCert],
@@ -1086,9 +1160,9 @@ def _recover_node(
     for cert in certs:
         points = []
         for j, digest in enumerate(cert.commitments):
-            opening = candidates.get((*node, j), {}).get(digest)
+            opening = candidates.get((*node, j), _NO_CANDIDATES).get(digest)
             if opening is not None:
-                points.append(shamir.Share(j + 1, opening[SALT_SIZE:]))
+                points.append(shamir.trusted_share(j + 1, opening[SALT_SIZE:]))
         best = max(best, len(points))
         if len(points) < cert.k:
             continue
@@ -1157,6 +1231,30 @@ def _pack_cert(c: SplitCert) -> bytes:
     return packed
 
 
+_BYTES_ONLY = frozenset({bytes})
+# A parsed certificate is built without the frozen dataclass __init__ (one
+# object.__setattr__ per field, and __post_init__): a relaying broker parses every
+# certificate of every share it holds. Its fields in order, then the packed statement.
+_CERT_SETTERS = tuple(
+    SplitCert.__dict__[name].__set__
+    for name in (
+        "pub_id",
+        "node",
+        "k",
+        "r",
+        "splitter",
+        "commitments",
+        "signature",
+        "parent",
+        "position",
+        "count",
+        "proof",
+        "_signed",
+    )
+)
+_set_cert_hash = SplitCert.__dict__["_hash"].__set__
+
+
 def _unpack_cert(raw: bytes) -> SplitCert:
     cert = _PARSED.get(raw)
     if cert is not None:
@@ -1175,13 +1273,18 @@ def _unpack_cert(raw: bytes) -> SplitCert:
         and type(count) is int
         and type(commits) is tuple
         and type(proof) is tuple
-        and all(type(x) is bytes for x in commits)
-        and all(type(x) is bytes for x in proof)
+        and _BYTES_ONLY.issuperset(map(type, commits))
+        and _BYTES_ONLY.issuperset(map(type, proof))
     ):
         raise TypeError("malformed certificate")
-    cert = SplitCert(
-        c_pub, _ints(node), k, r, splitter, commits, sig, parent, position, count, proof
-    )
+    cert = _new_object(SplitCert)
+    for setter, value in zip(
+        _CERT_SETTERS,
+        (c_pub, _ints(node), k, r, splitter, commits, sig, parent, position, count, proof, None),
+        strict=True,
+    ):
+        setter(cert, value)
+    _set_cert_hash(cert, hash((cert.statement, (sig, position, count, proof))))
     # A relaying broker sends on what it parsed: the bytes it got are the certificate's
     # wire form (they parse to it), so it is never packed again.
     if cert not in _PACKED:
@@ -1328,7 +1431,7 @@ class LinkCertsIn:
             if problem is not None:
                 out.append((publisher, seq, problem))
             else:
-                out.append((publisher, seq, ShareRecord(pub_id, lineage, tuple(chain), salt, data)))
+                out.append((publisher, seq, _record(pub_id, lineage, tuple(chain), salt, data)))
         return out
 
 

@@ -34,6 +34,7 @@ __all__ = [
     "combine",
     "interpolate",
     "split",
+    "trusted_share",
 ]
 
 MAX_SHARES = 255
@@ -107,6 +108,16 @@ class Share:
 _new_share = object.__new__
 _set_x = Share.__dict__["x"].__set__
 _set_data = Share.__dict__["data"].__set__
+
+
+def trusted_share(x: int, data: bytes) -> Share:
+    """A :class:`Share` built without the checks of its constructor, for callers that
+    know ``x`` is in 1..255 and ``data`` is bytes (a reconstruction builds one per child
+    of every split it recovers, and the checks would cost more than the arithmetic)."""
+    share = _new_share(Share)
+    _set_x(share, x)
+    _set_data(share, data)
+    return share
 
 
 _CACHE_LIMIT = 4096

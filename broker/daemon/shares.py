@@ -344,8 +344,14 @@ class SecureForwarding:
         if inbox is not None:
             self._accept(key, inbox, record, sender)
         elif sec is None or path is not None:
-            self._remember(self.unverified, key).append((record, sender, path))
-            self._open_inboxes(key)
+            pending = self._remember(self.unverified, key)
+            # A sender that already vouched for this path adds no vote: the path is still
+            # not agreed, so recounting every waiting share (quadratic in a frame's shares
+            # of one epoch) would change nothing.
+            known = sec is not None and any(p == path and s == sender for _, s, p in pending)
+            pending.append((record, sender, path))
+            if not known:
+                self._open_inboxes(key)
 
     def _claim(
         self, key: tuple[str, int], sec: SecBlock, record: ShareRecord, sender: str
@@ -381,7 +387,7 @@ class SecureForwarding:
             try:
                 view = path_view(self.manifest, key[0], sec, chosen)
                 # Hashes at once; the sender's seal when the share is split (_send).
-                quick = ChainVerifier(view, seals="none")
+                quick = ChainVerifier(view, seals="none", prefixes=False)
                 opened[chosen] = ShareInbox(
                     view, publication_id(*key), view.depth, self.replica, quick
                 )
@@ -565,13 +571,7 @@ class SecureForwarding:
             if conn.closing:
                 continue
             cert = sealed.get(sub.certs[-1])
-            record = (
-                sub
-                if cert is None
-                else ShareRecord(
-                    sub.pub_id, sub.lineage, (*sub.certs[:-1], cert), sub.salt, sub.data
-                )
-            )
+            record = sub if cert is None else sub.with_cert(cert)
             items = per_conn.get(conn)
             if items is None:
                 items = per_conn[conn] = []

@@ -260,6 +260,21 @@ def test_records_carry_lineage_schemes_and_a_verifiable_chain() -> None:
     assert unpack_record(pack_record(child)) == child
 
 
+def test_a_parsed_certificate_equals_and_hashes_like_the_one_packed() -> None:
+    # Parsing builds certificates without the dataclass __init__: they must still be
+    # interchangeable with the originals as dictionary keys (verifier caches, link ids).
+    world = make_world([3, 5])
+    top = publisher_split(new_key(), 2, 3, world.publisher, PUB_ID)
+    child = resplit(top[1], 3, 5, world.replicas[0][1])[4]
+    parsed = unpack_record(pack_record(child))
+    for original, copy in zip(child.certs, parsed.certs, strict=True):
+        assert copy == original
+        assert hash(copy) == hash(original)
+        assert copy.signed_bytes() == original.signed_bytes()
+        assert copy.statement == original.statement
+    assert parsed.with_cert(child.certs[-1]) == child
+
+
 @pytest.mark.parametrize("garbage", [b"", b"\x93\x01\x02\x03", pack_record.__doc__.encode()])
 def test_unpack_rejects_malformed_records(garbage: bytes) -> None:
     with pytest.raises(PropagationError):
