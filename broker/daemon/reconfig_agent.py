@@ -1225,8 +1225,10 @@ class ReconfigAgent:
         self.markers.forget(round_id)
         self._vouched.pop(round_id, None)
         self._release()
-        # Back on a prepared round: its other members may have switched all the same.
-        self._repair_soon()
+        if pending.drained:
+            # A round installs nowhere before every member drained: back on one that had,
+            # so its other members may have switched all the same.
+            self._repair_soon()
 
     def describe(self) -> dict[str, Any]:
         """State for ``/reconfig``: neighbourhood, lock, counters, recent rounds."""
