@@ -1067,7 +1067,15 @@ class Client:
             # A connect_timeout during the handshake must not leave the socket open.
             link.close()
             raise
-        if vn_size == 1 and len(self.endpoints) > 1 and not self.alternatives:
+        if (
+            vn_size == 1
+            and len(self.endpoints) > 1
+            and not self.alternatives
+            # A replica that joined the edge VN may welcome before it adopted the version
+            # that added it (vn_size 1 then): endpoints learned from an announcement are
+            # replicas, never alternatives.
+            and self.membership_version < 0
+        ):
             log.debug("%s: the endpoints are alternatives (plain brokers)", self.client_id)
             self.alternatives = True
             self.quorum = 1
