@@ -6,12 +6,15 @@ endpoints involved are never dialled (the client is not connected)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
 import pytest
 
 from broker.client import Client
+from broker.wire.protocol import PROTOCOL_VERSION, FrameDecoder, Hello, Welcome, encode
+from tests.support import until
 
 REPLICAS = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]
 
@@ -107,3 +110,41 @@ async def test_a_replica_that_returns_at_its_old_address_gets_its_old_endpoint_b
         client._membership_heard(1, announcement(members, version))
     assert client.membership_version == 5
     assert (len(client.endpoints), client._retired) == (3, set())
+
+
+async def test_a_joining_replica_that_welcomes_as_a_plain_broker_is_used_as_a_replica() -> None:
+    """A replica that joined the edge VN may answer WELCOME before it adopted the version
+    that added it (``vn_size`` 1, as a plain broker). The client, which learned it from an
+    announcement, must keep it as a replica, not take the endpoints for alternatives of a
+    plain broker (it then never used the new replica: publish found no majority)."""
+
+    async def fake_broker(name: str, replica: int) -> asyncio.Server:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            decoder = FrameDecoder()
+            while data := await reader.read(65536):
+                for msg in decoder.feed(data):
+                    if isinstance(msg, Hello):
+                        options = {"vn": "b0", "vn_size": 1, "replica": replica}
+                        writer.write(encode(Welcome(PROTOCOL_VERSION, name, options)))
+            writer.close()
+
+        return await asyncio.start_server(serve, "127.0.0.1", 0)
+
+    first, joining = await fake_broker("b0", 0), await fake_broker("b0.1", 1)
+    ports = [s.sockets[0].getsockname()[1] for s in (first, joining)]
+    try:
+        async with Client([f"127.0.0.1:{ports[0]}"], client_id="edge") as client:
+            client._membership_heard(
+                0,
+                {
+                    "version": 2,
+                    "vn": "b0",
+                    "members": [["b0", f"127.0.0.1:{ports[0]}"], ["b0.1", f"127.0.0.1:{ports[1]}"]],
+                },
+            )
+            await until(lambda: len(client._links) == 2, 5.0)
+            assert not client.alternatives
+            assert (client.quorum, client.replica_endpoints) == (2, client.endpoints)
+    finally:
+        for server in (first, joining):
+            server.close()
