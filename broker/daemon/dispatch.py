@@ -716,6 +716,10 @@ class Broker:
 
     def accept_standby(self, vns: set[str]) -> None:
         self.standby_vns |= vns
+        self._take_neighbours(vns)
+
+    def _take_neighbours(self, vns: set[str]) -> None:
+        """Every broker of ``vns`` (from the directory) becomes a neighbour."""
         for peer in self.directory.values():
             if peer.vn_id in vns:
                 self.neighbours[peer.id] = peer
@@ -732,10 +736,7 @@ class Broker:
 
     def adopt(self, vns: set[str]) -> None:
         self.adopted_vns |= vns
-        for peer in self.directory.values():
-            if peer.vn_id in vns:
-                self.neighbours[peer.id] = peer
-                self.vnhop_for(peer)
+        self._take_neighbours(vns)
 
     def dial(self, peers: Sequence[NeighbourConfig]) -> None:
         for peer in peers:
