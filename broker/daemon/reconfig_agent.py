@@ -621,8 +621,7 @@ class ReconfigAgent:
         )
         tables: WireTables = {}
         for (x, y), (advs, sbs) in carried.items():
-            wire_advs = {k: f.to_wire() for k, f in advs.items()}
-            wire_subs = {k: f.to_wire() for k, f in sbs.items()}
+            wire_advs, wire_subs = _wire(advs), _wire(sbs)
             tables.setdefault(y, ({}, {}))[0][x] = {"adv": wire_advs, "sub": wire_subs}
             tables.setdefault(x, ({}, {}))[1][y] = wire_subs
         return tables
@@ -866,11 +865,7 @@ class ReconfigAgent:
             sorted(agreed),
         )
         added = set(agreed - mine)
-        held = {
-            vn: (_filters(entry["adv"]), _filters(entry["sub"]))
-            for vn, entry in chosen["held"].items()
-        }
-        sent = {vn: _filters(subs) for vn, subs in chosen["sent"].items()}
+        held, sent = _tables(chosen["held"], chosen["sent"])
         h.adopt(added)
         h.install_hood({h.vn, *mine, *agreed}, set(agreed), held, sent)
         for vn in mine - agreed:
@@ -1101,10 +1096,7 @@ class ReconfigAgent:
     def _switch(
         self, pending: Pending, wire_held: Mapping[str, Any], wire_sent: Mapping[str, Any]
     ) -> None:
-        held: Tables = {
-            vn: (_filters(entry["adv"]), _filters(entry["sub"])) for vn, entry in wire_held.items()
-        }
-        sent = {vn: _filters(subs) for vn, subs in wire_sent.items()}
+        held, sent = _tables(wire_held, wire_sent)
         h = self.hood
         h.end_standby(pending.added)
         h.install_hood(pending.hood, pending.new_neighbours, held, sent)
@@ -1268,6 +1260,16 @@ class ReconfigAgent:
 
 def _filters(wire: Mapping[str, Any]) -> dict[str, Filter]:
     return {str(k): Filter.from_wire(v) for k, v in wire.items()}
+
+
+def _tables(
+    wire_held: Mapping[str, Any], wire_sent: Mapping[str, Any]
+) -> tuple[Tables, dict[str, dict[str, Filter]]]:
+    """One VN's tables from wire form (as an install or a sibling carries them)."""
+    held: Tables = {
+        vn: (_filters(entry["adv"]), _filters(entry["sub"])) for vn, entry in wire_held.items()
+    }
+    return held, {vn: _filters(subs) for vn, subs in wire_sent.items()}
 
 
 def _wire(filters: Mapping[str, Filter]) -> dict[str, Any]:
