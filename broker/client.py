@@ -28,7 +28,7 @@ import secrets
 import socket
 import ssl
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -51,6 +51,8 @@ from broker.language.filters import Filter, Value
 from broker.language.grammar import parse_filter
 from broker.wire.protocol import (
     DEFAULT_MAX_FRAME,
+    MARK_NOTICE,
+    MARKS_OPTION,
     PROTOCOL_VERSION,
     Ack,
     Advertise,
@@ -98,6 +100,7 @@ _CORK_LIMIT = 64 * 1024
 # NOTICE kind (both ways) and WELCOME option of a live membership change at the client's
 # edge VN (broker.daemon.membership)
 _MEMBERSHIP = "membership"
+_MARK_ROUNDS = 64  # reconfiguration rounds whose marks a client remembers
 # getaddrinfo's answers that a name does not exist (not a transient resolver failure).
 _UNKNOWN_HOST = {
     getattr(socket, name) for name in ("EAI_NONAME", "EAI_NODATA") if hasattr(socket, name)
@@ -635,7 +638,14 @@ class Client:
         self.copy_patience = copy_patience
         # The publishing session, kept across reconnects: a broker refuses a new session's
         # publication numbered into an earlier session's seqs (a restart without first_seq).
-        self.hello_options = {"session": secrets.token_hex(8), **(hello_options or {})}
+        self.hello_options = {
+            "session": secrets.token_hex(8),
+            MARKS_OPTION: True,
+            **(hello_options or {}),
+        }
+        # Live reconfiguration marks: round -> replicas that asked; rounds already marked.
+        self._mark_asks: dict[str, set[int]] = {}
+        self._marked: deque[str] = deque(maxlen=_MARK_ROUNDS)
         self.copy_blames: dict[str, int] = {}
         """Brokers proven to have delivered an altered copy (or two versions of one
         publication) to this client, with how many times."""
@@ -927,6 +937,29 @@ class Client:
             for link in links:
                 with contextlib.suppress(ConnectionLost):
                     link.send(self._confidential_publish(0, seq, attrs, unsigned, sec, link))
+
+    def _mark_asked(self, replica: int, data: Mapping[str, Any]) -> None:
+        """A replica of the edge VN asks for a mark of a reconfiguration round: once
+        ``f + 1`` distinct replicas asked (one of them honest, and frozen), write one mark to
+        every replica, after everything published so far (queued confidential ones too), so
+        that all honest replicas switch tables at the same publication. ``f`` Byzantine
+        replicas cannot place it: their asking alone is not enough."""
+        round_id = data.get("round")
+        if type(round_id) is not str or round_id in self._marked:
+            return
+        asks = self._mark_asks.setdefault(round_id, set())
+        asks.add(replica)
+        if len(asks) <= self.fault_tolerance:
+            if len(self._mark_asks) > _MARK_ROUNDS:  # rounds a quorum never asked for
+                del self._mark_asks[next(iter(self._mark_asks))]
+            return
+        del self._mark_asks[round_id]
+        self._marked.append(round_id)
+        self._sign_pending()
+        mark = Notice(MARK_NOTICE, {"round": round_id})
+        for link in list(self._links.values()):
+            with contextlib.suppress(ConnectionLost):
+                link.send(mark)
 
     def subscribe(self, flt: str | Filter, *, queue_size: int | None = None) -> Subscription:
         """A subscription to use as ``async with client.subscribe("...") as sub``.
@@ -1583,5 +1616,7 @@ class Client:
                 log.info("broker %s is shutting down", self.broker_id)
             case Notice("membership", data):
                 self._membership_heard(link.index, data, link)
+            case Notice(kind, data) if kind == MARK_NOTICE:
+                self._mark_asked(link.index, data)
             case _:
                 raise ProtocolError(f"unexpected {type(msg).__name__.upper()} from broker")

@@ -64,6 +64,8 @@ from broker.errors import LimitExceeded, SlowConsumerError, TLSError
 from broker.language.filters import Filter
 from broker.routing.router import LinkTables, Owned, Router
 from broker.wire.protocol import (
+    MARK_NOTICE,
+    MARKS_OPTION,
     PROTOCOL_VERSION,
     Ack,
     Advertise,
@@ -152,6 +154,10 @@ class Connection(asyncio.Protocol):
         # the one the client said it follows (``NOTICE membership`` both ways).
         self.membership_due = -1
         self.membership_seen = -1
+        # A client that said in HELLO it answers ``NOTICE mark`` (see Broker.freeze), and
+        # whether it has published: only a publisher's stream needs a common freeze point.
+        self.marks = False
+        self.published = False
         self.last_seen = time.monotonic()
         self.opened = self.last_seen
         loop = asyncio.get_running_loop()
@@ -464,6 +470,11 @@ class Connection(asyncio.Protocol):
                 if type(version) is not int:
                     raise ProtocolError("NOTICE membership needs an integer 'version'")
                 self.membership_seen = max(self.membership_seen, version)
+            case Notice(kind, data) if kind == MARK_NOTICE:
+                round_id = data.get("round")
+                if type(round_id) is not str:
+                    raise ProtocolError("NOTICE mark needs a string 'round'")
+                broker.marked(self, round_id)
             case Hello():
                 raise ProtocolError("HELLO received twice on one connection")
             case _:
@@ -652,6 +663,10 @@ class Broker:
         self.frozen = False
         self.frozen_hood: set[str] = set()
         self.paused: list[Connection] = []
+        # The round prepared here (its marks hold a publisher where they are read), and the
+        # publishers asked for a mark of it and not yet read up to it.
+        self.mark_round: str | None = None
+        self.marking: set[Connection] = set()
         self.linkstates = LinkStates(config.id, self.vn)
         self.congested_links: set[Connection] = set()
         self.dirty: list[Connection] = []
@@ -858,6 +873,7 @@ class Broker:
                 conn.credentials = self.topic_guard.admit(msg.id, msg.options, certified)
             session = msg.options.get("session")
             conn.session = session if isinstance(session, str) and session else None
+            conn.marks = msg.options.get(MARKS_OPTION) is True
             self.attach_client(conn, msg.id)
         options: dict[str, Any] = {
             "max_frame": self.config.max_frame,
@@ -983,15 +999,60 @@ class Broker:
                 else:
                     client.release("congestion")
 
-    def freeze(self, hood: set[str]) -> None:
+    def freeze(self, hood: set[str]) -> int:
         """Stop reading from local clients and from links outside ``hood`` (TCP holds the
-        rest), so that the neighbourhood's own links can be drained."""
+        rest), so that the neighbourhood's own links can be drained; returns how many
+        publishers were asked for a mark.
+
+        A publisher that answers marks is not stopped at once but asked for a mark of the
+        prepared round (``NOTICE mark``) and read up to it: the replicas of this VN each
+        freeze when their own freeze arrives, at different points of the publisher's
+        stream, and a publication read in between would be routed on the old tables at one
+        replica and on the new ones at another, one good copy on each path. The client
+        writes the mark to all of them at one point of its stream once ``f + 1`` asked (one
+        of them honest, and frozen), so every honest replica switches at the same
+        publication (:meth:`marked`)."""
         self.frozen = True
         self.frozen_hood = hood
         for conn in list(self.connections):
             if conn.transport is None or conn.closing or conn.control or conn.peer_id is None:
                 continue
-            self.hold_back(conn)
+            if "freeze" in conn.holds:
+                continue  # read up to its mark already (before this replica froze)
+            if self.mark_round is not None and conn.marks and conn.published:
+                self.marking.add(conn)
+                conn.send(Notice(MARK_NOTICE, {"round": self.mark_round}))
+            else:
+                self.hold_back(conn)
+        return len(self.marking)
+
+    def expect_marks(self, round_id: str | None) -> None:
+        """A round was prepared here (its marks now hold publishers), or it ended."""
+        self.mark_round = round_id
+        if round_id is None:
+            self.marking.clear()
+
+    def marked(self, conn: Connection, round_id: str) -> None:
+        """A publisher's mark was read: hold it there if the mark is of the prepared round
+        (even before this replica froze: ``f + 1`` replicas asked for it, one of them
+        honest and frozen, so the other honest ones hold at the same publication)."""
+        if round_id != self.mark_round or "freeze" in conn.holds:
+            return  # a round that ended, or a second mark
+        self.marking.discard(conn)
+        conn.hold("freeze")
+        self.paused.append(conn)
+        self.reconfig.links_changed()
+
+    def marks_owed(self) -> int:
+        """Publishers asked for a mark that have not been read up to it yet."""
+        return len(self.marking)
+
+    def hold_unmarked(self) -> None:
+        """Stop reading the publishers whose mark did not come in time, where they are."""
+        owed, self.marking = self.marking, set()
+        for conn in owed:
+            if not conn.closing:
+                self.hold_back(conn)
 
     def hold_back(self, conn: Connection) -> None:
         """While frozen, pause a client or a link that leaves the neighbourhood."""
@@ -1002,9 +1063,10 @@ class Broker:
             self.paused.append(conn)
 
     def unfreeze(self) -> None:
-        """Read again from everything :meth:`freeze` paused (clients stay held while a
-        broker link is congested)."""
+        """Read again from everything :meth:`freeze` or a mark paused (clients stay held
+        while a broker link is congested)."""
         self.frozen = False
+        self.marking.clear()
         paused, self.paused = self.paused, []
         now = time.monotonic()
         for conn in paused:
@@ -1061,6 +1123,9 @@ class Broker:
                 self.reconfig.links_changed()
             elif not conn.is_broker and self.clients.get(conn.peer_id) is conn:
                 del self.clients[conn.peer_id]
+        if conn in self.marking:  # a freeze waits for no mark from it any more
+            self.marking.discard(conn)
+            self.reconfig.links_changed()
         hop = conn.vnhop
         if hop is not None:
             self.waves.lost(conn)
@@ -1077,6 +1142,7 @@ class Broker:
     def publish(self, source: Connection, msg: Publish) -> None:
         """A local client's publication: route it, then acknowledge or refuse it."""
         assert source.peer_id is not None
+        source.published = True
         problem = self.stale_session(source, msg.seq) or self.forwarder.publish(
             source, source.peer_id, msg
         )

@@ -149,6 +149,8 @@ VOUCH = 3
 # Seconds between asking a sibling busy with a round for its neighbours again.
 _ASK_AGAIN = 0.2
 _RECHECK = 1.0  # seconds from a repair to the next check
+# Seconds a freeze waits for its publishers' marks (a client answers within a round trip).
+_MARK_PATIENCE = 1.0
 
 
 class Neighbourhood(Protocol):
@@ -211,7 +213,18 @@ class Neighbourhood(Protocol):
     def link_tls(self) -> dict[str, Any]:
         """``open_connection`` arguments for a connection to another broker (TLS if on)."""
 
-    def freeze(self, hood: set[str]) -> None: ...
+    def freeze(self, hood: set[str]) -> int:
+        """Stop reading outside ``hood``; ask publishers that answer marks for one (returns
+        how many were asked)."""
+
+    def expect_marks(self, round_id: str | None) -> None:
+        """Hold publishers at marks of ``round_id`` (prepared here), or at none."""
+
+    def marks_owed(self) -> int:
+        """Publishers asked for a mark and not yet read up to it."""
+
+    def hold_unmarked(self) -> None:
+        """Stop reading the publishers whose mark did not come, where they are."""
 
     def unfreeze(self) -> None: ...
 
@@ -995,6 +1008,7 @@ class ReconfigAgent:
         self.markers.forget(step.round)
         h.accept_standby(pending.added)
         h.record_routes(True)
+        h.expect_marks(step.round)
         return OK
 
     async def _connect(self, pending: Pending, step: Step) -> Reply:
@@ -1014,8 +1028,26 @@ class ReconfigAgent:
     async def _freeze(self, pending: Pending, step: Step) -> Reply:
         """Pause input from outside the neighbourhood and drain its old links."""
         h = self.hood
-        h.freeze(pending.hood)
+        asked = h.freeze(pending.hood)
         pending.frozen = True
+        # Publishers first: what they sent before their mark is routed on the old tables,
+        # so it must be on the old links before the drain markers.
+        patience = min(_MARK_PATIENCE, self.settings.step_timeout / 3)
+        if not await self._until(lambda: not h.marks_owed(), patience):
+            owed = h.marks_owed()
+            self.stats.unmarked += owed
+            log.warning(
+                "round %s: %d of %d publisher(s) sent no mark within %.1f s; frozen where they are",
+                pending.round,
+                owed,
+                asked,
+                patience,
+            )
+            h.hold_unmarked()
+            asked -= owed
+        if asked:
+            self.stats.marked += asked
+            log.info("round %s: %d publisher(s) read up to their mark", pending.round, asked)
         standby = set(h.standby())
         if h.vn == pending.master:
             old = {p for p in h.link_ids() if h.linked_vn(p) in pending.hood - standby}
@@ -1185,6 +1217,7 @@ class ReconfigAgent:
         """Read again, close the removed links, release the lock."""
         h = self.hood
         h.record_routes(False)
+        h.expect_marks(None)
         for vn in pending.removed:
             h.retire(vn)
         h.unfreeze()
@@ -1207,11 +1240,11 @@ class ReconfigAgent:
             return
         h = self.hood
         h.record_routes(False)
+        h.expect_marks(None)
         for vn in pending.added:
             h.retire(vn)
         h.end_standby(pending.added)
-        if pending.frozen:
-            h.unfreeze()
+        h.unfreeze()  # frozen, or holding a publisher at an early mark
         h.announce_links()
         h.flush()
         self.markers.forget(round_id)
@@ -1242,6 +1275,8 @@ class ReconfigAgent:
             "requested": s.requested,
             "links_changed": s.links_changed,
             "repaired": s.repaired,
+            "marked": s.marked,
+            "unmarked": s.unmarked,
             "saving": s.saving,
             "window": {
                 "seconds": time.monotonic() - self.window_started,

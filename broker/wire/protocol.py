@@ -58,6 +58,12 @@ from broker.language.filters import Filter, Value
 from security.publication import SecBlock
 
 PROTOCOL_VERSION = 1
+MARK_NOTICE = "mark"
+"""``NOTICE mark {"round": id}``: a broker asks a publishing client for a mark of a live
+reconfiguration round, and the client writes one to every replica of its edge VN at one
+point of its stream (once ``f + 1`` asked), so that they all switch tables there."""
+MARKS_OPTION = "marks"
+"""HELLO option: the client answers ``NOTICE mark``."""
 DEFAULT_MAX_FRAME = 1024 * 1024
 MAX_ID_LENGTH = 256
 MAX_ATTRS = 128

@@ -13,7 +13,7 @@ from broker.client import Client, Subscription
 from broker.errors import FilterError, FilterSyntaxError, InvalidRequest, PayloadTooLarge
 from broker.language.filters import Filter, Predicate
 from broker.tools.launcher import BrokerProcess
-from broker.wire.protocol import PROTOCOL_VERSION, Error, MsgType
+from broker.wire.protocol import PROTOCOL_VERSION, Error, MsgType, Pong
 from tests.wire import RawPeer
 
 
@@ -241,6 +241,20 @@ async def test_a_client_sending_reconf_is_closed(broker: BrokerProcess, witness:
     await peer.hello()
     await peer.send(MsgType.RECONF, "lock", {"round": "x"})
     await expect_error_and_close(peer, "protocol", "RECONF is not a message a client may send")
+    await witness.check_still_served()
+
+
+async def test_a_mark_without_a_round_name_is_refused_and_one_of_no_round_ignored(
+    broker: BrokerProcess, witness: Witness
+) -> None:
+    peer = await RawPeer.connect(broker.endpoint)
+    await peer.hello()
+    # A mark of a round this broker never prepared changes nothing: the client is served.
+    await peer.send(MsgType.NOTICE, "mark", {"round": "b9.0#1"})
+    await peer.send(MsgType.PING, 7)
+    assert await peer.receive() == Pong(7)
+    await peer.send(MsgType.NOTICE, "mark", {"round": 1})
+    await expect_error_and_close(peer, "protocol", "NOTICE mark needs a string 'round'")
     await witness.check_still_served()
 
 
