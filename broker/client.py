@@ -28,7 +28,7 @@ import secrets
 import socket
 import ssl
 import uuid
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -76,7 +76,7 @@ from broker.wire.protocol import (
     validate_attrs,
 )
 from overlay.manifest import Manifest
-from security.agreement import Blame, ReplicatedStream
+from security.agreement import Blame, MarkRequests, ReplicatedStream
 from security.envelope import Signer
 from security.paths import KeyAssembly
 from security.propagation import (
@@ -100,7 +100,6 @@ _CORK_LIMIT = 64 * 1024
 # NOTICE kind (both ways) and WELCOME option of a live membership change at the client's
 # edge VN (broker.daemon.membership)
 _MEMBERSHIP = "membership"
-_MARK_ROUNDS = 64  # reconfiguration rounds whose marks a client remembers
 # getaddrinfo's answers that a name does not exist (not a transient resolver failure).
 _UNKNOWN_HOST = {
     getattr(socket, name) for name in ("EAI_NONAME", "EAI_NODATA") if hasattr(socket, name)
@@ -643,9 +642,8 @@ class Client:
             MARKS_OPTION: True,
             **(hello_options or {}),
         }
-        # Live reconfiguration marks: round -> replicas that asked; rounds already marked.
-        self._mark_asks: dict[str, set[int]] = {}
-        self._marked: deque[str] = deque(maxlen=_MARK_ROUNDS)
+        # Live reconfiguration rounds' requests for a mark, by replica index.
+        self._mark_requests: MarkRequests[str, int] = MarkRequests()
         self.copy_blames: dict[str, int] = {}
         """Brokers proven to have delivered an altered copy (or two versions of one
         publication) to this client, with how many times."""
@@ -942,19 +940,12 @@ class Client:
         """A replica of the edge VN asks for a mark of a reconfiguration round: once
         ``f + 1`` distinct replicas asked (one of them honest, and frozen), write one mark to
         every replica, after everything published so far (queued confidential ones too), so
-        that all honest replicas switch tables at the same publication. ``f`` Byzantine
-        replicas cannot place it: their asking alone is not enough."""
+        that all honest replicas switch tables at the same publication."""
         round_id = data.get("round")
-        if type(round_id) is not str or round_id in self._marked:
+        if type(round_id) is not str or not self._mark_requests.ask(
+            round_id, replica, self.fault_tolerance
+        ):
             return
-        asks = self._mark_asks.setdefault(round_id, set())
-        asks.add(replica)
-        if len(asks) <= self.fault_tolerance:
-            if len(self._mark_asks) > _MARK_ROUNDS:  # rounds a quorum never asked for
-                del self._mark_asks[next(iter(self._mark_asks))]
-            return
-        del self._mark_asks[round_id]
-        self._marked.append(round_id)
         self._sign_pending()
         mark = Notice(MARK_NOTICE, {"round": round_id})
         for link in list(self._links.values()):

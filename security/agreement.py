@@ -40,13 +40,15 @@ from __future__ import annotations
 
 import heapq
 from array import array
+from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-__all__ = ["ALTERED", "FLOODING", "TWO_VERSIONS", "Blame", "ReplicatedStream"]
+__all__ = ["ALTERED", "FLOODING", "TWO_VERSIONS", "Blame", "MarkRequests", "ReplicatedStream"]
 
 S = TypeVar("S", bound=Hashable)
+K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
 
 _RECENT = 4096
@@ -265,3 +267,34 @@ class ReplicatedStream(Generic[S, T]):
         if source not in self._flooding:
             self._flooding.add(source)
             self.blames.append(Blame(source, seq, FLOODING))
+
+
+class MarkRequests(Generic[K, S]):
+    """Requests from the replicas of a VN for one mark in a stream (a live reconfiguration
+    round's switch point): the mark is placed once ``f + 1`` distinct replicas asked for the
+    same key, and only once. One of them is honest, so ``f`` Byzantine replicas cannot place
+    it where they like by asking early or often. At most ``keep`` keys are remembered either
+    way (open requests, placed marks), oldest forgotten first."""
+
+    def __init__(self, keep: int = 64) -> None:
+        self.keep = keep
+        self._asks: OrderedDict[K, set[S]] = OrderedDict()
+        self._placed: OrderedDict[K, None] = OrderedDict()
+
+    def ask(self, key: K, asker: S, f: int) -> bool:
+        """Count ``asker``'s request for ``key``; True once, when it completes ``f + 1``."""
+        if key in self._placed:
+            return False
+        asks = self._asks.get(key)
+        if asks is None:
+            asks = self._asks[key] = set()
+            if len(self._asks) > self.keep:
+                self._asks.popitem(last=False)
+        asks.add(asker)
+        if len(asks) <= f:
+            return False
+        del self._asks[key]
+        self._placed[key] = None
+        if len(self._placed) > self.keep:
+            self._placed.popitem(last=False)
+        return True

@@ -54,7 +54,7 @@ from broker.daemon.config import BrokerConfig, NeighbourConfig, vn_of
 from broker.daemon.faults import build_forwarding
 from broker.daemon.hops import Hop, VNHop
 from broker.daemon.links import LinkStates, load_saved_links, save_links
-from broker.daemon.reconfig_agent import Tables
+from broker.daemon.reconfig_agent import MARK, MARK_ASK, Tables
 from broker.daemon.reconfig_faults import reconfig_agent
 from broker.daemon.stats import BrokerStats
 from broker.daemon.tls import BrokerTLS
@@ -92,6 +92,7 @@ from broker.wire.protocol import (
     error_for,
 )
 from reconfig.live import Reply, RoundStats
+from security.agreement import MarkRequests
 from security.errors import InvalidRequest, NotAuthorized, ProtocolError, TrellisError
 from security.tls import describe_tls_error
 from security.topics_credentials import Credentials
@@ -666,7 +667,10 @@ class Broker:
         # The round prepared here (its marks hold a publisher where they are read), and the
         # publishers asked for a mark of it and not yet read up to it.
         self.mark_round: str | None = None
+        self.mark_hood: set[str] = set()
         self.marking: set[Connection] = set()
+        # Marks asked of this broker by the replicas of neighbour VNs in their rounds.
+        self.link_marks: MarkRequests[tuple[str, str], str] = MarkRequests()
         self.linkstates = LinkStates(config.id, self.vn)
         self.congested_links: set[Connection] = set()
         self.dirty: list[Connection] = []
@@ -1002,46 +1006,82 @@ class Broker:
     def freeze(self, hood: set[str]) -> int:
         """Stop reading from local clients and from links outside ``hood`` (TCP holds the
         rest), so that the neighbourhood's own links can be drained; returns how many
-        publishers were asked for a mark.
+        streams were asked for a mark.
 
-        A publisher that answers marks is not stopped at once but asked for a mark of the
-        prepared round (``NOTICE mark``) and read up to it: the replicas of this VN each
-        freeze when their own freeze arrives, at different points of the publisher's
-        stream, and a publication read in between would be routed on the old tables at one
-        replica and on the new ones at another, one good copy on each path. The client
-        writes the mark to all of them at one point of its stream once ``f + 1`` asked (one
-        of them honest, and frozen), so every honest replica switches at the same
-        publication (:meth:`marked`)."""
+        The replicas of this VN each freeze when their own freeze arrives, at different
+        points of what they read from outside; a publication read in between would be
+        routed on the old tables at one replica and on the new ones at another, one good
+        copy on each path. So a publisher that answers marks, and every link from outside
+        the neighbourhood, is not stopped at once but asked for a mark of the prepared round
+        (``NOTICE mark`` to a client, a ``RECONF marker`` of wave 4 on a link) and read up to
+        it (:meth:`marked`). The client, or the broker at the other end, writes one mark to
+        every replica of this VN at one point of what it sends them once ``f + 1`` asked (one
+        of them honest, and frozen), so every honest replica stops at the same publication
+        of each stream."""
         self.frozen = True
         self.frozen_hood = hood
+        round_id = self.mark_round
         for conn in list(self.connections):
             if conn.transport is None or conn.closing or conn.control or conn.peer_id is None:
                 continue
             if "freeze" in conn.holds:
                 continue  # read up to its mark already (before this replica froze)
-            if self.mark_round is not None and conn.marks and conn.published:
+            if conn.is_broker:
+                if self.linked_vn(conn.peer_id) in hood:
+                    continue  # drained by the round's markers
+                if round_id is not None:
+                    self.marking.add(conn)
+                    conn.send(Reconf("marker", {"round": round_id, "wave": MARK_ASK}))
+                    continue
+            elif round_id is not None and conn.marks and conn.published:
                 self.marking.add(conn)
-                conn.send(Notice(MARK_NOTICE, {"round": self.mark_round}))
-            else:
-                self.hold_back(conn)
+                conn.send(Notice(MARK_NOTICE, {"round": round_id}))
+                continue
+            self.hold_back(conn)
         return len(self.marking)
 
-    def expect_marks(self, round_id: str | None) -> None:
-        """A round was prepared here (its marks now hold publishers), or it ended."""
+    def expect_marks(self, round_id: str | None, hood: Collection[str] = ()) -> None:
+        """A round over the VNs ``hood`` was prepared here (its marks now hold publishers
+        and links from outside ``hood``), or it ended."""
         self.mark_round = round_id
+        self.mark_hood = set(hood)
         if round_id is None:
             self.marking.clear()
 
     def marked(self, conn: Connection, round_id: str) -> None:
-        """A publisher's mark was read: hold it there if the mark is of the prepared round
-        (even before this replica froze: ``f + 1`` replicas asked for it, one of them
-        honest and frozen, so the other honest ones hold at the same publication)."""
+        """A publisher's or an outside link's mark was read: hold it there if the mark is of
+        the prepared round (even before this replica froze: ``f + 1`` replicas asked for it,
+        one of them honest and frozen, so the other honest ones hold at the same point)."""
         if round_id != self.mark_round or "freeze" in conn.holds:
             return  # a round that ended, or a second mark
         self.marking.discard(conn)
         conn.hold("freeze")
         self.paused.append(conn)
         self.reconfig.links_changed()
+
+    def link_mark_asked(self, peer_id: str, round_id: str) -> None:
+        """A replica of a neighbour VN frozen for a live round (this broker is outside its
+        neighbourhood) asks for a mark: once ``f + 1`` replicas of that VN asked, write one
+        to each of them, after everything routed to them so far (key shares included)."""
+        asker = self.neighbours.get(peer_id)
+        if asker is None:
+            return
+        vn = asker.vn_id
+        replicas = [n for n in self.neighbours.values() if n.vn_id == vn]
+        f = (max(n.vn_size for n in replicas) - 1) // 2
+        if not self.link_marks.ask((vn, round_id), peer_id, f):
+            return
+        if self.shares.pending:
+            self.shares.flush(write=False)
+        mark = Reconf("marker", {"round": round_id, "wave": MARK})
+        for n in replicas:
+            self.send_on_link(n.id, mark)
+
+    def link_marked(self, peer_id: str, round_id: str) -> None:
+        """A mark on a link from outside the neighbourhood of the prepared round."""
+        conn = self.links.get(peer_id)
+        if conn is not None and self.linked_vn(peer_id) not in self.mark_hood:
+            self.marked(conn, round_id)
 
     def marks_owed(self) -> int:
         """Publishers asked for a mark that have not been read up to it yet."""

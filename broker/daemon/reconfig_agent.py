@@ -143,8 +143,11 @@ Tables = dict[str, tuple[dict[str, Filter], dict[str, Filter]]]
 WireTables = dict[str, tuple[dict[str, Any], dict[str, Any]]]
 
 # Marker waves: 1 and 2 drain the old links and carry the plan's digest; 3 is a master
-# replica's vouch for one neighbour VN's new tables.
+# replica's vouch for one neighbour VN's new tables; 4 asks a broker outside the
+# neighbourhood for a mark in what it sends this VN, and 5 is that mark (Broker.freeze).
 VOUCH = 3
+MARK_ASK = 4
+MARK = 5
 
 # Seconds between asking a sibling busy with a round for its neighbours again.
 _ASK_AGAIN = 0.2
@@ -217,14 +220,21 @@ class Neighbourhood(Protocol):
         """Stop reading outside ``hood``; ask publishers that answer marks for one (returns
         how many were asked)."""
 
-    def expect_marks(self, round_id: str | None) -> None:
-        """Hold publishers at marks of ``round_id`` (prepared here), or at none."""
+    def expect_marks(self, round_id: str | None, hood: Collection[str] = ()) -> None:
+        """Hold publishers and links from outside ``hood`` at marks of ``round_id``
+        (prepared here), or at none."""
 
     def marks_owed(self) -> int:
         """Publishers asked for a mark and not yet read up to it."""
 
     def hold_unmarked(self) -> None:
         """Stop reading the publishers whose mark did not come, where they are."""
+
+    def link_mark_asked(self, peer_id: str, round_id: str) -> None:
+        """A replica of a neighbour VN in a round asks this broker for a mark."""
+
+    def link_marked(self, peer_id: str, round_id: str) -> None:
+        """The mark on a link from outside the neighbourhood of the prepared round."""
 
     def unfreeze(self) -> None: ...
 
@@ -925,6 +935,12 @@ class ReconfigAgent:
         if type(wave) is not int:
             raise ProtocolError("RECONF marker field 'wave' must be an integer")
         round_id, digest = str(data.get("round")), str(data.get("digest", ""))
+        if wave == MARK_ASK:
+            self.hood.link_mark_asked(sender, round_id)
+            return
+        if wave == MARK:
+            self.hood.link_marked(sender, round_id)
+            return
         if wave == VOUCH:
             pending = self.member.pending
             if pending is None or pending.round != round_id:
@@ -1008,7 +1024,7 @@ class ReconfigAgent:
         self.markers.forget(step.round)
         h.accept_standby(pending.added)
         h.record_routes(True)
-        h.expect_marks(step.round)
+        h.expect_marks(step.round, pending.hood)
         return OK
 
     async def _connect(self, pending: Pending, step: Step) -> Reply:
@@ -1030,14 +1046,14 @@ class ReconfigAgent:
         h = self.hood
         asked = h.freeze(pending.hood)
         pending.frozen = True
-        # Publishers first: what they sent before their mark is routed on the old tables,
-        # so it must be on the old links before the drain markers.
+        # Marks first: what publishers and outside links sent before theirs is routed on
+        # the old tables, so it must be on the old links before the drain markers.
         patience = min(_MARK_PATIENCE, self.settings.step_timeout / 3)
         if not await self._until(lambda: not h.marks_owed(), patience):
             owed = h.marks_owed()
             self.stats.unmarked += owed
             log.warning(
-                "round %s: %d of %d publisher(s) sent no mark within %.1f s; frozen where they are",
+                "round %s: %d of %d stream(s) sent no mark within %.1f s; frozen where they are",
                 pending.round,
                 owed,
                 asked,
@@ -1047,7 +1063,7 @@ class ReconfigAgent:
             asked -= owed
         if asked:
             self.stats.marked += asked
-            log.info("round %s: %d publisher(s) read up to their mark", pending.round, asked)
+            log.info("round %s: %d stream(s) read up to their mark", pending.round, asked)
         standby = set(h.standby())
         if h.vn == pending.master:
             old = {p for p in h.link_ids() if h.linked_vn(p) in pending.hood - standby}

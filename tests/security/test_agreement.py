@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from security.agreement import ReplicatedStream
+from security.agreement import MarkRequests, ReplicatedStream
 
 Copy = tuple[int, bytes]  # (seq, payload)
 
@@ -231,3 +231,41 @@ def test_an_altered_copy_arriving_hundreds_of_publications_late_is_still_blamed(
     assert stream.blames == []
     stream.offer("bad", 2, b"evil", b"evil")
     assert [(b.source, b.seq, b.fault) for b in stream.blames] == [("bad", 2, "altered")]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    f=st.integers(min_value=0, max_value=3),
+    asks=st.lists(
+        st.tuples(st.sampled_from(["r1", "r2", "r3"]), st.integers(min_value=0, max_value=6)),
+        max_size=40,
+    ),
+)
+def test_a_mark_is_placed_once_and_only_after_f_plus_one_distinct_replicas_asked(
+    f: int, asks: list[tuple[str, int]]
+) -> None:
+    """Whatever order and repetition of requests: a round's mark is placed exactly once, at
+    the request that makes f + 1 distinct askers, and never before (f askers, however often
+    they ask, cannot place it)."""
+    requests: MarkRequests[str, int] = MarkRequests()
+    askers: dict[str, set[int]] = {}
+    placed: dict[str, int] = {}
+    for i, (round_id, replica) in enumerate(asks):
+        before = len(askers.get(round_id, set()))
+        askers.setdefault(round_id, set()).add(replica)
+        if requests.ask(round_id, replica, f):
+            assert round_id not in placed
+            assert before == f
+            assert len(askers[round_id]) == f + 1
+            placed[round_id] = i
+    for round_id, who in askers.items():
+        assert (round_id in placed) == (len(who) > f)
+
+
+def test_mark_requests_forget_the_oldest_rounds_beyond_their_bound() -> None:
+    requests: MarkRequests[str, int] = MarkRequests(keep=2)
+    for round_id in ("a", "b", "c"):
+        assert requests.ask(round_id, 0, 0)
+    # "a" was forgotten: asked again, it is placed again (memory stays bounded)
+    assert requests.ask("a", 1, 0)
+    assert not requests.ask("c", 1, 0)

@@ -10,11 +10,18 @@ new link b0 - b2), each path then getting one good copy, fewer than the f + 1 a 
 on (1 or 2 lost in 2 of 18 runs before the fix). So a frozen replica asks the publisher for a
 mark of the round and reads it up to the mark, which the SDK writes to every replica at one
 point of its stream once f + 1 asked: the honest replicas switch at the same publication.
-The publisher streams as fast as it can, mixed plain and confidential."""
+The publisher streams as fast as it can, mixed plain and confidential.
+
+The mirror image: the publisher at b3, outside b1's neighbourhood, subscribers at b2 and b0,
+b2.2 Byzantine. b2's replicas read the publications over their links from b3, which their
+freeze would stop at different points; they ask b3 for a mark instead (a ``RECONF marker``
+of wave 4), which b3 writes on its links to all of them once f + 1 asked.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -28,33 +35,30 @@ from tests.system.test_reconfig_live import RECONFIG, applied_rounds
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("mode", ["corrupt", "drop"])
-async def test_a_move_with_a_byzantine_publisher_edge_replica_loses_nothing(
-    run_overlay: Callable[..., LocalOverlay], mode: str
-) -> None:
-    overlay = run_overlay(
-        line_tree(["b0", "b1", "b2", "b3"]),
-        replicas={"b0": 3, "b1": 3, "b2": 3},
-        overrides={"b0.2": {"byzantine": mode}},
-        heartbeat_interval=1.0,
-        reconfig=RECONFIG,
-    )
-    async with (
-        Client(overlay.endpoints("b0"), client_id="pub") as pub,
-        Client(overlay.endpoints("b2"), client_id="sub2", manifest=overlay.manifest) as c2,
-        Client(overlay.endpoints("b3"), client_id="sub3", manifest=overlay.manifest) as c3,
-        c2.subscribe("class = 'q'") as s2,
-        c3.subscribe("class = 'q'") as s3,
-    ):
+async def stream_through_moves(
+    overlay: LocalOverlay, publisher_vn: str, subscriber_vns: dict[str, str]
+) -> tuple[int, dict[str, list[tuple[int, bytes, bool]]]]:
+    """Publish as fast as possible until two rounds applied (or 20 s); returns how many were
+    sent and what each subscriber received (seq, payload, confidential)."""
+    async with contextlib.AsyncExitStack() as stack:
+        pub = await stack.enter_async_context(
+            Client(overlay.endpoints(publisher_vn), client_id="pub")
+        )
+        subs: dict[str, Subscription] = {}
+        for name, vn in subscriber_vns.items():
+            client = await stack.enter_async_context(
+                Client(overlay.endpoints(vn), client_id=name, manifest=overlay.manifest)
+            )
+            subs[name] = await stack.enter_async_context(client.subscribe("class = 'q'"))
         await pub.advertise("class = 'q'")
         await asyncio.to_thread(overlay.wait_quiet)
-        got: dict[str, list[tuple[int, bytes, bool]]] = {"sub2": [], "sub3": []}
+        got: dict[str, list[tuple[int, bytes, bool]]] = {name: [] for name in subs}
 
         async def read(name: str, sub: Subscription) -> None:
             async for msg in sub:
                 got[name].append((msg.seq, msg.payload, msg.confidential))
 
-        readers = [asyncio.create_task(read("sub2", s2)), asyncio.create_task(read("sub3", s3))]
+        readers = [asyncio.create_task(read(name, sub)) for name, sub in subs.items()]
         sent = 0
         started = time.monotonic()
         while time.monotonic() - started < 20:
@@ -79,15 +83,54 @@ async def test_a_move_with_a_byzantine_publisher_edge_replica_loses_nothing(
         await asyncio.sleep(0.5)  # a late duplicate would show up now
         for task in readers:
             task.cancel()
+    return sent, got
+
+
+async def assert_marked_and_exact(
+    overlay: LocalOverlay,
+    honest: list[str],
+    sent: int,
+    got: dict[str, list[tuple[int, bytes, bool]]],
+) -> None:
     assert await asyncio.to_thread(applied_rounds, overlay) >= 1
-    # the honest replicas of b0 read the publisher up to its mark at every freeze
-    for replica in ("b0.0", "b0.1"):
+    # the honest replicas that read from outside the round read up to a mark at every freeze
+    for replica in honest:
         rounds = await asyncio.to_thread(
             fetch_json, overlay.brokers[replica].admin_url + "/reconfig"
         )
-        assert rounds["marked"] >= 1
-        assert rounds["unmarked"] == 0
+        assert rounds["marked"] >= 1, replica
+        assert rounds["unmarked"] == 0, replica
     expected = [(i, f"order {i}".encode(), i % 4 != 0) for i in range(1, sent + 1)]
     for name, received in got.items():
         missing = sorted({i for i, _, _ in expected} - {i for i, _, _ in received})
         assert received == expected, f"{name}: {len(received)} of {sent}, missing {missing[:20]}"
+
+
+@pytest.mark.parametrize("mode", ["corrupt", "drop"])
+async def test_a_move_with_a_byzantine_publisher_edge_replica_loses_nothing(
+    run_overlay: Callable[..., LocalOverlay], mode: str
+) -> None:
+    overlay = run_overlay(
+        line_tree(["b0", "b1", "b2", "b3"]),
+        replicas={"b0": 3, "b1": 3, "b2": 3},
+        overrides={"b0.2": {"byzantine": mode}},
+        heartbeat_interval=1.0,
+        reconfig=RECONFIG,
+    )
+    sent, got = await stream_through_moves(overlay, "b0", {"sub2": "b2", "sub3": "b3"})
+    await assert_marked_and_exact(overlay, ["b0.0", "b0.1"], sent, got)
+
+
+@pytest.mark.parametrize("mode", ["corrupt", "drop"])
+async def test_a_move_whose_vn_reads_from_outside_with_a_byzantine_replica_loses_nothing(
+    run_overlay: Callable[..., LocalOverlay], mode: str
+) -> None:
+    overlay = run_overlay(
+        line_tree(["b0", "b1", "b2", "b3"]),
+        replicas={"b0": 3, "b1": 3, "b2": 3},
+        overrides={"b2.2": {"byzantine": mode}},
+        heartbeat_interval=1.0,
+        reconfig=RECONFIG,
+    )
+    sent, got = await stream_through_moves(overlay, "b3", {"sub0": "b0", "sub2": "b2"})
+    await assert_marked_and_exact(overlay, ["b2.0", "b2.1"], sent, got)
