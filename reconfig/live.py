@@ -357,8 +357,8 @@ class RoundStats:
     requested: int = 0
     links_changed: int = 0
     repaired: int = 0  # times this broker took its siblings' links after missing a round
-    marked: int = 0  # publishers read up to their mark at a freeze
-    unmarked: int = 0  # publishers frozen where they were: no mark within the patience
+    marked: int = 0  # streams (publishers, links from outside) read up to a mark at a freeze
+    unmarked: int = 0  # streams frozen where they were: no mark within the patience
     saving: float = 0.0
     last_cost_before: float = 0.0
     last_cost_after: float = 0.0

@@ -664,8 +664,9 @@ class Broker:
         self.frozen = False
         self.frozen_hood: set[str] = set()
         self.paused: list[Connection] = []
-        # The round prepared here (its marks hold a publisher where they are read), and the
-        # publishers asked for a mark of it and not yet read up to it.
+        # The round prepared here and its VNs (its marks hold a publisher or a link from
+        # outside where they are read), and the streams asked for a mark of it and not yet
+        # read up to it.
         self.mark_round: str | None = None
         self.mark_hood: set[str] = set()
         self.marking: set[Connection] = set()
@@ -1084,11 +1085,12 @@ class Broker:
             self.marked(conn, round_id)
 
     def marks_owed(self) -> int:
-        """Publishers asked for a mark that have not been read up to it yet."""
+        """Streams (publishers, links from outside) asked for a mark and not yet read up
+        to it."""
         return len(self.marking)
 
     def hold_unmarked(self) -> None:
-        """Stop reading the publishers whose mark did not come in time, where they are."""
+        """Stop reading the streams whose mark did not come in time, where they are."""
         owed, self.marking = self.marking, set()
         for conn in owed:
             if not conn.closing:

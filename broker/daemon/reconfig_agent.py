@@ -217,18 +217,19 @@ class Neighbourhood(Protocol):
         """``open_connection`` arguments for a connection to another broker (TLS if on)."""
 
     def freeze(self, hood: set[str]) -> int:
-        """Stop reading outside ``hood``; ask publishers that answer marks for one (returns
-        how many were asked)."""
+        """Stop reading outside ``hood``; ask publishers that answer marks and links from
+        outside for one instead (returns how many were asked)."""
 
     def expect_marks(self, round_id: str | None, hood: Collection[str] = ()) -> None:
         """Hold publishers and links from outside ``hood`` at marks of ``round_id``
         (prepared here), or at none."""
 
     def marks_owed(self) -> int:
-        """Publishers asked for a mark and not yet read up to it."""
+        """Streams (publishers, links from outside) asked for a mark and not yet read up
+        to it."""
 
     def hold_unmarked(self) -> None:
-        """Stop reading the publishers whose mark did not come, where they are."""
+        """Stop reading the streams whose mark did not come, where they are."""
 
     def link_mark_asked(self, peer_id: str, round_id: str) -> None:
         """A replica of a neighbour VN in a round asks this broker for a mark."""
