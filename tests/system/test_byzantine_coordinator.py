@@ -170,8 +170,9 @@ async def test_a_coordinator_proposing_wrong_plans_is_refused_and_traffic_contin
     assert len(rounds) >= 4, rounds
     # Every round got as far as its plan: none was refused for a lock an earlier round left
     # behind (a member its abort did not reach stays locked until its lease ends).
-    assert all(r["outcome"].startswith("aborted: ") for r in rounds), rounds
-    outcomes = [r["outcome"] for r in rounds[:4]]
+    every = [r["outcome"] for r in rounds]
+    assert all(o.startswith("aborted: ") for o in every), every
+    outcomes = every[:4]
     assert all(o.startswith("aborted: plan refused: ") for o in outcomes[:3]), outcomes
     assert outcomes[3] == "aborted: the neighbourhood did not drain", outcomes
     refusals = [e for r in rounds[:3] for e in r["refusals"]]
