@@ -1241,7 +1241,8 @@ class Broker:
             self.flush()
 
     async def heartbeat(self) -> None:
-        """Ping quiet peers and close the ones silent for three intervals."""
+        """Ping quiet peers (and every peer a freeze leaves unread) and close the ones
+        silent for three intervals."""
         interval = self.config.heartbeat_interval
         tick = time.monotonic()
         while True:
@@ -1259,7 +1260,14 @@ class Broker:
             congested = bool(self.congested_links)
             for conn in list(self.connections):
                 if conn in paused:
-                    continue  # not read during a reconfiguration freeze: its silence is ours
+                    # Not read during a reconfiguration freeze: its silence is ours. And ours
+                    # must not look like death to it: a freeze lasts up to a lease, which
+                    # may be more than three intervals, and a neighbour outside the round
+                    # that closed the link would lose what this broker routes before the
+                    # link is back and its subscriptions are relearned. Its PONGs wait
+                    # unread like the rest.
+                    conn.send(Ping(int(now)))
+                    continue
                 if congested and conn.peer_id is not None and not conn.is_broker:
                     # Not read while a broker link is congested (back-pressure): its
                     # silence is ours too.

@@ -109,6 +109,33 @@ async def test_two_in_process_brokers_link_and_route_across_the_link() -> None:
             assert b1.broker.stats.forwarded == {"b2": 1}
 
 
+async def test_a_link_a_freeze_holds_unread_outlives_the_neighbours_heartbeat_timeout() -> None:
+    """A reconfiguration freeze leaves links out of the neighbourhood unread for up to a
+    lease, which may be more than three heartbeat intervals. The frozen broker pings them,
+    so the neighbour does not close the link as silent. It did (heartbeat 1 s, a freeze
+    of 3 s and more): the frozen broker withdrew the subscriptions it had learned over the
+    link, and what it routed before they came back was lost
+    (tests/system/test_byzantine_coordinator.py, intermittently)."""
+    beat = 0.2
+    async with (
+        serving(
+            id="b2", heartbeat_interval=beat, neighbours=[{"id": "b1", "endpoint": "127.0.0.1:1"}]
+        ) as b2,
+        serving(
+            id="b1", heartbeat_interval=beat, neighbours=[{"id": "b2", "endpoint": endpoint(b2)}]
+        ) as b1,
+    ):
+        await until(lambda: "b1" in b2.broker.links and "b2" in b1.broker.links)
+        link = b1.broker.links["b2"]
+        b2.broker.freeze(set())  # a round b1 is not in: its link is held unread
+        try:
+            await asyncio.sleep(6 * beat)  # b1 closes a peer silent for 3 beats
+            assert b2.broker.paused, "the freeze held nothing"
+            assert b1.broker.links.get("b2") is link, "b1 closed the frozen link as silent"
+        finally:
+            b2.broker.unfreeze()
+
+
 async def test_an_undialable_neighbour_warns_once_and_healthz_reports_it_missing(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
