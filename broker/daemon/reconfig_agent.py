@@ -264,7 +264,15 @@ class Neighbourhood(Protocol):
 
 
 class ControlChannel:
-    """A coordinator's control connection to one member broker: request, then reply."""
+    """A coordinator's control connection to one member broker: request, then reply.
+
+    The member pings it like any peer and closes it once it stayed silent for three
+    heartbeat intervals. Between two steps the coordinator waits for its slowest member (a
+    freeze that does not drain waits a whole step timeout), which may be longer: the
+    member then closed the channel, the round's ``abort`` never reached it and it stayed
+    locked until its lease ended. So one reader runs for the channel's whole life,
+    answering PINGs at once and handing everything else to :meth:`request`.
+    """
 
     def __init__(
         self, me: str, peer: str, endpoint: str, tls: Mapping[str, Any] | None = None
@@ -275,6 +283,9 @@ class ControlChannel:
         self.tls = dict(tls or {})
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        # What the member sent besides heartbeats, or why reading it ended (kept there).
+        self._inbox: asyncio.Queue[Message | BaseException] = asyncio.Queue()
+        self._pump: asyncio.Task[None] | None = None
 
     async def open(self, timeout: float) -> None:
         host, _, port = self.endpoint.rpartition(":")
@@ -294,6 +305,7 @@ class ControlChannel:
             reply = await self._read()
         if type(reply) is not Welcome:
             raise ProtocolError(f"broker {self.peer} refused a control connection: {reply}")
+        self._pump = asyncio.get_running_loop().create_task(self._read_all())
 
     async def call(self, step: Step | RequestedMove, timeout: float) -> Reply:
         return await self.request(step.op, step.to_data(), timeout)
@@ -307,14 +319,28 @@ class ControlChannel:
             raise ConnectionResetError(f"control connection to {self.peer} is closed")
         self.writer.write(encode(Reconf(op, data)))
         async with asyncio.timeout(timeout):
+            msg = await self._inbox.get()
+        if isinstance(msg, BaseException):
+            self._inbox.put_nowait(msg)  # every later request fails the same way
+            raise msg
+        if type(msg) is Reconf and msg.op == "reply":
+            return Reply.from_data(msg.data)
+        raise ProtocolError(f"broker {self.peer} answered {op} with {msg}")
+
+    async def _read_all(self) -> None:
+        """Answer the member's PINGs and queue the rest, until the channel ends."""
+        assert self.writer is not None
+        try:
             while True:
                 msg = await self._read()
-                if type(msg) is Reconf and msg.op == "reply":
-                    return Reply.from_data(msg.data)
                 if type(msg) is Ping:
-                    self.writer.write(encode(Pong(msg.token)))
+                    # uvloop refuses a write to a reset transport: the next read says so.
+                    with contextlib.suppress(RuntimeError):
+                        self.writer.write(encode(Pong(msg.token)))
                 elif type(msg) is not Pong:
-                    raise ProtocolError(f"broker {self.peer} answered {op} with {msg}")
+                    self._inbox.put_nowait(msg)
+        except (OSError, TrellisError, asyncio.IncompleteReadError) as exc:
+            self._inbox.put_nowait(exc)
 
     async def _read(self) -> Message:
         assert self.reader is not None
@@ -323,6 +349,8 @@ class ControlChannel:
         return decode_body(body)
 
     async def close(self) -> None:
+        if self._pump is not None:
+            self._pump.cancel()
         if self.writer is not None:
             self.writer.close()
             with contextlib.suppress(ConnectionError):

@@ -16,6 +16,7 @@ import pytest
 from broker.client import Client
 from broker.daemon import dispatch
 from broker.daemon.config import BrokerConfig
+from broker.daemon.reconfig_agent import ControlChannel
 from broker.daemon.server import Server
 from broker.errors import ConnectionLost
 from broker.tools.local import free_ports
@@ -134,6 +135,26 @@ async def test_a_link_a_freeze_holds_unread_outlives_the_neighbours_heartbeat_ti
             assert b1.broker.links.get("b2") is link, "b1 closed the frozen link as silent"
         finally:
             b2.broker.unfreeze()
+
+
+async def test_a_control_channel_idle_between_steps_is_not_closed_as_silent() -> None:
+    """Between two steps a coordinator waits for its slowest member (a freeze that does not
+    drain waits a whole step timeout), longer than three heartbeat intervals when those are
+    short. The channel answers the member's PINGs meanwhile, so the member keeps it open and
+    the next step (an ``abort``) reaches it: it was closed as silent, and the member stayed
+    locked until its lease ended (tests/system/test_byzantine_coordinator.py)."""
+    beat = 0.2
+    # A peer m1 knows (it refuses strangers' HELLO); the smaller id dials, so m1 never does.
+    coordinator = {"id": "c1", "endpoint": "127.0.0.1:1"}
+    async with serving(id="m1", heartbeat_interval=beat, neighbours=[coordinator]) as server:
+        channel = ControlChannel("c1", "m1", endpoint(server))
+        await channel.open(5)
+        try:
+            await asyncio.sleep(6 * beat)  # the member closes a peer silent for 3 beats
+            reply = await channel.request("neighbours", {}, 5)
+        finally:
+            await channel.close()
+        assert reply.ok, reply
 
 
 async def test_an_undialable_neighbour_warns_once_and_healthz_reports_it_missing(
