@@ -270,7 +270,10 @@ def test_an_adaptive_cycle_demotes_the_faulty_vn_and_later_cycles_keep_the_tree(
     from broker.tools.adaptive import AdaptiveSettings, adaptive_broker_settings, run_adaptive
     from broker.tools.adaptive_cycles import read_cycles
 
-    interval = 2.0
+    # The first job overruns one tick (that cycle is skipped) and leaves the first cycle
+    # 2.25 s to plan and apply its moves (live rounds) before the next tick, on a busy
+    # machine too: with 1 s left, a cycle that took 1.4 s cost a second skip in a CI run.
+    interval = 3.0
     overlay = run_overlay(
         line_tree([f"b{i}" for i in range(5)]),
         name="adaptive",
@@ -285,7 +288,7 @@ def test_an_adaptive_cycle_demotes_the_faulty_vn_and_later_cycles_keep_the_tree(
     async def reference_job(logs: Path, out: Path) -> dict[str, Any]:
         jobs.append(logs)
         if len(jobs) == 1:
-            await asyncio.sleep(interval * 1.5)  # a slow job: the next tick is skipped
+            await asyncio.sleep(interval * 1.25)  # a slow job: the next tick is skipped
         await asyncio.to_thread(write_reference_outputs, logs, out)
         return {"records": 0}
 
