@@ -943,7 +943,7 @@ class Client:
         that all honest replicas switch tables at the same publication."""
         round_id = data.get("round")
         if type(round_id) is not str or not self._mark_requests.ask(
-            round_id, replica, self.fault_tolerance
+            round_id, replica, self.fault_tolerance + 1
         ):
             return
         self._sign_pending()

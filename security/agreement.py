@@ -281,8 +281,9 @@ class MarkRequests(Generic[K, S]):
         self._asks: OrderedDict[K, set[S]] = OrderedDict()
         self._placed: OrderedDict[K, None] = OrderedDict()
 
-    def ask(self, key: K, asker: S, f: int) -> bool:
-        """Count ``asker``'s request for ``key``; True once, when it completes ``f + 1``."""
+    def ask(self, key: K, asker: S, quorum: int) -> bool:
+        """Count ``asker``'s request for ``key``; True once, when it completes ``quorum``
+        (``f + 1``) distinct askers."""
         if key in self._placed:
             return False
         asks = self._asks.get(key)
@@ -291,7 +292,7 @@ class MarkRequests(Generic[K, S]):
             if len(self._asks) > self.keep:
                 self._asks.popitem(last=False)
         asks.add(asker)
-        if len(asks) <= f:
+        if len(asks) < quorum:
             return False
         del self._asks[key]
         self._placed[key] = None

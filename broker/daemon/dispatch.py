@@ -91,7 +91,7 @@ from broker.wire.protocol import (
     encode,
     error_for,
 )
-from reconfig.live import Reply, RoundStats
+from reconfig.live import Reply, RoundStats, vouch_quorum
 from security.agreement import MarkRequests
 from security.errors import InvalidRequest, NotAuthorized, ProtocolError, TrellisError
 from security.tls import describe_tls_error
@@ -1046,8 +1046,6 @@ class Broker:
         and links from outside ``hood``), or it ended."""
         self.mark_round = round_id
         self.mark_hood = set(hood)
-        if round_id is None:
-            self.marking.clear()
 
     def marked(self, conn: Connection, round_id: str) -> None:
         """A publisher's or an outside link's mark was read: hold it there if the mark is of
@@ -1065,18 +1063,14 @@ class Broker:
         neighbourhood) asks for a mark: once ``f + 1`` replicas of that VN asked, write one
         to each of them, after everything routed to them so far (key shares included)."""
         asker = self.neighbours.get(peer_id)
-        if asker is None:
-            return
-        vn = asker.vn_id
-        replicas = [n for n in self.neighbours.values() if n.vn_id == vn]
-        f = (max(n.vn_size for n in replicas) - 1) // 2
-        if not self.link_marks.ask((vn, round_id), peer_id, f):
+        hop = self.vnhops.get(asker.vn_id) if asker is not None else None
+        if hop is None or not self.link_marks.ask(
+            (hop.peer_id, round_id), peer_id, vouch_quorum(hop.size)
+        ):
             return
         if self.shares.pending:
             self.shares.flush(write=False)
-        mark = Reconf("marker", {"round": round_id, "wave": MARK})
-        for n in replicas:
-            self.send_on_link(n.id, mark)
+        hop.send(Reconf("marker", {"round": round_id, "wave": MARK}))
 
     def link_marked(self, peer_id: str, round_id: str) -> None:
         """A mark on a link from outside the neighbourhood of the prepared round."""

@@ -253,7 +253,7 @@ def test_a_mark_is_placed_once_and_only_after_f_plus_one_distinct_replicas_asked
     for i, (round_id, replica) in enumerate(asks):
         before = len(askers.get(round_id, set()))
         askers.setdefault(round_id, set()).add(replica)
-        if requests.ask(round_id, replica, f):
+        if requests.ask(round_id, replica, f + 1):
             assert round_id not in placed
             assert before == f
             assert len(askers[round_id]) == f + 1
@@ -265,7 +265,7 @@ def test_a_mark_is_placed_once_and_only_after_f_plus_one_distinct_replicas_asked
 def test_mark_requests_forget_the_oldest_rounds_beyond_their_bound() -> None:
     requests: MarkRequests[str, int] = MarkRequests(keep=2)
     for round_id in ("a", "b", "c"):
-        assert requests.ask(round_id, 0, 0)
+        assert requests.ask(round_id, 0, 1)
     # "a" was forgotten: asked again, it is placed again (memory stays bounded)
-    assert requests.ask("a", 1, 0)
-    assert not requests.ask("c", 1, 0)
+    assert requests.ask("a", 1, 1)
+    assert not requests.ask("c", 1, 1)

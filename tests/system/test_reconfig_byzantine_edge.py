@@ -106,17 +106,24 @@ async def assert_marked_and_exact(
         assert received == expected, f"{name}: {len(received)} of {sent}, missing {missing[:20]}"
 
 
+def line_with_a_byzantine_replica(
+    run_overlay: Callable[..., LocalOverlay], byzantine: str, mode: str
+) -> LocalOverlay:
+    """The line b0 - b1 - b2 - b3 (b0, b1, b2 of three replicas) with ``byzantine`` faulty."""
+    return run_overlay(
+        line_tree(["b0", "b1", "b2", "b3"]),
+        replicas={"b0": 3, "b1": 3, "b2": 3},
+        overrides={byzantine: {"byzantine": mode}},
+        heartbeat_interval=1.0,
+        reconfig=RECONFIG,
+    )
+
+
 @pytest.mark.parametrize("mode", ["corrupt", "drop"])
 async def test_a_move_with_a_byzantine_publisher_edge_replica_loses_nothing(
     run_overlay: Callable[..., LocalOverlay], mode: str
 ) -> None:
-    overlay = run_overlay(
-        line_tree(["b0", "b1", "b2", "b3"]),
-        replicas={"b0": 3, "b1": 3, "b2": 3},
-        overrides={"b0.2": {"byzantine": mode}},
-        heartbeat_interval=1.0,
-        reconfig=RECONFIG,
-    )
+    overlay = line_with_a_byzantine_replica(run_overlay, "b0.2", mode)
     sent, got = await stream_through_moves(overlay, "b0", {"sub2": "b2", "sub3": "b3"})
     await assert_marked_and_exact(overlay, ["b0.0", "b0.1"], sent, got)
 
@@ -125,12 +132,6 @@ async def test_a_move_with_a_byzantine_publisher_edge_replica_loses_nothing(
 async def test_a_move_whose_vn_reads_from_outside_with_a_byzantine_replica_loses_nothing(
     run_overlay: Callable[..., LocalOverlay], mode: str
 ) -> None:
-    overlay = run_overlay(
-        line_tree(["b0", "b1", "b2", "b3"]),
-        replicas={"b0": 3, "b1": 3, "b2": 3},
-        overrides={"b2.2": {"byzantine": mode}},
-        heartbeat_interval=1.0,
-        reconfig=RECONFIG,
-    )
+    overlay = line_with_a_byzantine_replica(run_overlay, "b2.2", mode)
     sent, got = await stream_through_moves(overlay, "b3", {"sub0": "b0", "sub2": "b2"})
     await assert_marked_and_exact(overlay, ["b2.0", "b2.1"], sent, got)
