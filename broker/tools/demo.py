@@ -135,7 +135,8 @@ async def _traffic(overlay: LocalOverlay, names: list[str], count: int, rng: ran
             }
             for attrs, payload, confidential in stream:
                 await pub.publish(attrs, payload, ack=False, confidential=confidential)
-            await pub.drain()
+            # The brokers may still be working through the stream: the same deadline.
+            await pub.drain(max(1.0, deadline - time.monotonic()))
             received = {name: await task for name, task in collectors.items()}
             elapsed = time.perf_counter() - started
             for name, sub in subs.items():  # anything more would be a wrong delivery
