@@ -224,6 +224,17 @@ class BrokerCollector:
         yield counter(
             "trellis_reconfig_links_changed", "Links added by applied plans", r.links_changed
         )
+        # A live round's freeze reads each publisher's and outside link's stream up to a
+        # mark; a stream with no mark within the patience is frozen where it is (the replay
+        # at install covers it): a rising "unmarked" means clients or peers not answering.
+        frozen = CounterMetricFamily(
+            "trellis_reconfig_streams_frozen",
+            "Streams a live round's freeze held, by whether they were read up to a mark",
+            labels=["broker", "how"],
+        )
+        frozen.add_metric([me, "marked"], r.marked)
+        frozen.add_metric([me, "unmarked"], r.unmarked)
+        yield frozen
         yield counter(
             "trellis_reconfig_cost_saved",
             "Local (= global) routing cost saved by applied plans, in window demand units",

@@ -86,6 +86,13 @@ async def stream_through_moves(
     return sent, got
 
 
+def frozen_streams(metrics: str, replica: str, how: str) -> float:
+    """The ``trellis_reconfig_streams_frozen_total`` sample of ``how`` in a /metrics text."""
+    name = f'trellis_reconfig_streams_frozen_total{{broker="{replica}",how="{how}"}} '
+    (line,) = [line for line in metrics.splitlines() if line.startswith(name)]
+    return float(line.removeprefix(name))
+
+
 async def assert_marked_and_exact(
     overlay: LocalOverlay,
     honest: list[str],
@@ -100,6 +107,8 @@ async def assert_marked_and_exact(
         )
         assert rounds["marked"] >= 1, replica
         assert rounds["unmarked"] == 0, replica
+        metrics = await asyncio.to_thread(overlay.metrics, replica)  # read after: ≥
+        assert frozen_streams(metrics, replica, "marked") >= rounds["marked"], replica
     expected = [(i, f"order {i}".encode(), i % 4 != 0) for i in range(1, sent + 1)]
     for name, received in got.items():
         missing = sorted({i for i, _, _ in expected} - {i for i, _, _ in received})
