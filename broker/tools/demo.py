@@ -110,9 +110,9 @@ async def _traffic(overlay: LocalOverlay, names: list[str], count: int, rng: ran
             order = orders[i // 20]
             secret = f"order {order['symbol']} x{order['qty']} for account 42".encode()
             stream.append((order, secret, True))
+    filters = {name: parse_filter(text) for name, (_, text) in SUBSCRIBERS.items()}
     expected = {
-        name: [(a, p) for a, p, _ in stream if parse_filter(text).matches(a)]
-        for name, (_, text) in SUBSCRIBERS.items()
+        name: [(a, p) for a, p, _ in stream if flt.matches(a)] for name, flt in filters.items()
     }
     manifest = overlay.manifest
     clients, subs = [], {}
