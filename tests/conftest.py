@@ -28,6 +28,15 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["TRELLIS_PORT_RANGE"] = f"{start}-{start + width}"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist the files with slow tests go first, so the many quick files fill
+    the end and both workers finish together. xdist's own reorder (most tests per file
+    first) left files of one long test (a Spark cluster, an adaptive cycle) for the very
+    end, with the other worker idle; pyproject.toml turns it off."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
+
+
 @pytest.fixture
 def run_broker(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
     """Start broker daemons for one test; every one is stopped (SIGTERM) afterwards."""
