@@ -57,9 +57,13 @@ start() {
     setsid "$dockerd" >"$logfile" 2>&1 </dev/null &
     echo $! >"$pidfile"
   fi
-  local waited=0
+  local waited=0 pid
+  pid=$(cat "$pidfile")
   until engine_answers; do
-    if ! ours_alive; then
+    # Alive, not "ours_alive": on a busy machine the child may not have exec'd dockerd yet
+    # (its name is still setsid's) when the first `docker info` fails; taking that for an
+    # exit dropped the pid file and left the dockerd that then started to nobody.
+    if [ ! -d "/proc/$pid" ]; then
       echo "dockerd.sh: dockerd exited while starting; last lines of $logfile:" >&2
       tail -n 15 "$logfile" >&2
       rm -f "$pidfile"
