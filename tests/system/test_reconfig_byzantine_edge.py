@@ -28,7 +28,7 @@ from collections.abc import Callable
 import pytest
 
 from broker.client import Client, Subscription
-from broker.tools.local import LocalOverlay, fetch_json
+from broker.tools.local import LocalOverlay, fetch_json, metric_by_label
 from overlay.tree import line_tree
 from tests.system.test_reconfig_live import RECONFIG, applied_rounds
 
@@ -86,13 +86,6 @@ async def stream_through_moves(
     return sent, got
 
 
-def frozen_streams(metrics: str, replica: str, how: str) -> float:
-    """The ``trellis_reconfig_streams_frozen_total`` sample of ``how`` in a /metrics text."""
-    name = f'trellis_reconfig_streams_frozen_total{{broker="{replica}",how="{how}"}} '
-    (line,) = [line for line in metrics.splitlines() if line.startswith(name)]
-    return float(line.removeprefix(name))
-
-
 async def assert_marked_and_exact(
     overlay: LocalOverlay,
     honest: list[str],
@@ -108,7 +101,8 @@ async def assert_marked_and_exact(
         assert rounds["marked"] >= 1, replica
         assert rounds["unmarked"] == 0, replica
         metrics = await asyncio.to_thread(overlay.metrics, replica)  # read after: ≥
-        assert frozen_streams(metrics, replica, "marked") >= rounds["marked"], replica
+        frozen = metric_by_label(metrics, "trellis_reconfig_streams_frozen_total", "how")
+        assert frozen["marked"] >= rounds["marked"], replica
     expected = [(i, f"order {i}".encode(), i % 4 != 0) for i in range(1, sent + 1)]
     for name, received in got.items():
         missing = sorted({i for i, _, _ in expected} - {i for i, _, _ in received})
