@@ -373,12 +373,14 @@ async def test_replicas_attach_to_the_middle_and_edge_vns_and_detach_while_publi
             await asyncio.sleep(1.0)
             attached = await asyncio.to_thread(replicas.attach, "b1")
             began = await asyncio.to_thread(splits_toward, overlay, forwarders, "b1")
-            container = replicas.compose("ps", "-q", "b1-3").strip()
+            # Every docker command runs in a thread: on the event loop, a slow one would
+            # hold the clients' heartbeats back and the brokers would close their links.
+            container = (await asyncio.to_thread(replicas.compose, "ps", "-q", "b1-3")).strip()
             status = await asyncio.to_thread(wait_healthy, overlay, container)
-            images = {
-                c: run([overlay.docker, "inspect", "-f", "{{.Image}}", c]).strip()
-                for c in (container, overlay.container("b1-0"))
-            }
+            images = {}
+            for c in (container, await asyncio.to_thread(overlay.container, "b1-0")):
+                inspect = [overlay.docker, "inspect", "-f", "{{.Image}}", c]
+                images[c] = (await asyncio.to_thread(run, inspect)).strip()
             running = await asyncio.to_thread(replicas.running)
             health = await asyncio.to_thread(fetch_json, running["b1.3"].admin + "/healthz")
             await asyncio.sleep(1.0)
@@ -465,7 +467,7 @@ async def stream(
         )
         await asyncio.sleep(0.01)
     await pub.drain(30)
-    got = []
+    got: list[tuple[int, bytes, bool]] = []
     while len(got) < count:
         try:
             msg = await sub.get(20)
@@ -476,6 +478,23 @@ async def stream(
     with pytest.raises(TrellisTimeout):
         await sub.get(2.0)  # nothing more: each publication exactly once
     return got
+
+
+def expect_stream(
+    overlay: ComposeOverlay, got: list[tuple[int, bytes, bool]], first: int, count: int
+) -> None:
+    """Assert ``got`` is :func:`stream`'s ``count`` publications from ``first``, exactly;
+    on a mismatch first print the end of every broker's log, to say where they went."""
+    want = [(i + 1, payload(i), bool(i % 2)) for i in range(first, first + count)]
+    if got != want:
+        missing = sorted({w[0] for w in want} - {g[0] for g in got})
+        print(f"missing seqs: {missing}")
+        for broker in sorted(overlay.client_ports):
+            with contextlib.suppress(subprocess.SubprocessError, OSError):
+                lines = overlay.logs(broker.replace(".", "-")).splitlines()
+                print(f"--- {broker} ---")
+                print("\n".join(lines[-80:]))
+    assert got == want
 
 
 async def wait_links(
@@ -518,11 +537,12 @@ async def test_traffic_from_the_host_survives_a_killed_and_a_cut_off_replica(
         await asyncio.sleep(1.0)  # routing state settles across the three VNs
         got = await stream(pub, sub, 0, count, faults)
         print(f"{count} publications through the faults in {time.monotonic() - started:.1f} s")
-        assert got == [(i + 1, payload(i), bool(i % 2)) for i in range(count)]
+        expect_stream(overlay, got, 0, count)
 
         # The faults were real: the killed replica stays down (a manual kill is not
         # restarted) and the brokers dropped their links to both replicas.
-        state = json.loads(run([overlay.docker, "inspect", killed]))[0]["State"]
+        inspected = await asyncio.to_thread(run, [overlay.docker, "inspect", killed])
+        state = json.loads(inspected)[0]["State"]
         assert not state["Running"]
         b1_links = {"b0.0", "b0.1", "b0.2", "b2.0", "b2.1"}
         want = {"b0.0": {"b1.0", "b1.2"}, "b1.0": b1_links}
@@ -533,5 +553,5 @@ async def test_traffic_from_the_host_survives_a_killed_and_a_cut_off_replica(
         want = {"b1.0": b1_links | {"b2.2"}, "b2.2": {"b1.0", "b1.2"}}
         assert await wait_links(overlay, want) == want
         got = await stream(pub, sub, count, after, {})
-        assert got == [(i + 1, payload(i), bool(i % 2)) for i in range(count, count + after)]
+        expect_stream(overlay, got, count, after)
     print(f"whole exchange in {time.monotonic() - started:.1f} s")
