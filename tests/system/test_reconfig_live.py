@@ -15,6 +15,7 @@ test runs phases of new groups until at least 20 rounds applied a move, then che
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Callable
@@ -233,11 +234,39 @@ async def test_cli_follows_rounds_and_shows_the_moved_tree(tmp_path) -> None:
     assert up.returncode == 0, up.stderr
     try:
         endpoints = {b["id"]: [b["endpoint"]] for b in json.loads(up.stdout)["brokers"]}
-        follow = asyncio.create_task(
-            asyncio.to_thread(
-                trellis, "reconfig", "--dir", str(workdir), "--rounds", "1", "--timeout", "30"
-            )
+        # Follow every round (--watch) until b1's move is among them: with --rounds N the
+        # CLI stops after any N rounds, and on a loaded machine b2's "no cheaper tree"
+        # rounds can come first.
+        follow = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "broker",
+            "reconfig",
+            "--dir",
+            str(workdir),
+            "--watch",
+            "--every",
+            "0.3",
+            "--timeout",
+            "30",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
+        lines: list[str] = []
+
+        async def until_b1_moved() -> None:
+            """Read rounds until b1's applied one and its two lines (old and new links,
+            local cost)."""
+            assert follow.stdout is not None
+            left = -1
+            while left != 0 and (line := await follow.stdout.readline()):
+                lines.append(line.decode())
+                if left > 0:
+                    left -= 1
+                elif "master b1     applied" in lines[-1]:
+                    left = 2
+
+        moved = asyncio.create_task(until_b1_moved())
         async with (
             Client(endpoints["b0"], client_id="pub") as pub,
             Client(endpoints["b2"], client_id="sub") as sc,
@@ -245,15 +274,18 @@ async def test_cli_follows_rounds_and_shows_the_moved_tree(tmp_path) -> None:
         ):
             await pub.advertise("class = 'x'")
             await asyncio.sleep(0.5)
-            while not follow.done():
+            while not moved.done():
                 for _ in range(20):
                     await pub.publish({"class": "x"}, b"p", ack=False)
                 await pub.drain()
                 await asyncio.sleep(0.05)
-        followed = await follow
-        assert followed.returncode == 0, followed.stderr
-        assert "master b1     applied" in followed.stdout
-        assert "b0-b2" in followed.stdout
+        await moved
+        with contextlib.suppress(ProcessLookupError):
+            follow.terminate()
+        _, err = await asyncio.wait_for(follow.communicate(), 10)
+        followed = "".join(lines)
+        assert "master b1     applied" in followed, (followed, err.decode())
+        assert "b0-b2" in followed
         shown = await asyncio.to_thread(trellis, "topology", "--dir", str(workdir))
         assert "started as: b0-b1 b1-b2 b2-b3" in shown.stdout
         assert "b0-b2" in shown.stdout.splitlines()[-2]
