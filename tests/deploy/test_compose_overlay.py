@@ -427,16 +427,9 @@ async def test_replicas_attach_to_the_middle_and_edge_vns_and_detach_while_publi
     assert (attached.action, attached.broker, detached.broker) == ("attach", "b1.3", "b1.3")
     assert len(published) > 100
     if got != published:  # say which broker gave up on what (the containers go with the module)
-        logs = {b: overlay.logs(b.replace(".", "-")) for b in sorted(overlay.client_ports)}
-        logs["b1.3"] = joined_log
-        said = [
-            f"{b}: {line}"
-            for b, text in logs.items()
-            for line in text.splitlines()
-            if any(word in line for word in ("abandon", "blame", "refus", "WARNING", "ERROR"))
-        ]
         missing = sorted({p[0] for p in published} - {g[0] for g in got})
-        pytest.fail(f"missing seqs {missing}; brokers said:\n" + "\n".join(said[-60:]))
+        said = brokers_said(overlay, {"b1.3": joined_log})
+        pytest.fail(f"missing seqs {missing}; brokers said:\n{said}")
     assert status == "healthy"
     assert len(set(images.values())) == 1, images  # its siblings' image, whatever the tag is now
     assert set(health["links"]) == {b for b in overlay.client_ports if b.startswith(("b0", "b2"))}
@@ -480,20 +473,29 @@ async def stream(
     return got
 
 
+def brokers_said(overlay: ComposeOverlay, more: dict[str, str] | None = None) -> str:
+    """The lines of every broker's log (and of ``more``: broker id -> log text) that say
+    why a publication went missing: abandoned, blamed, refused, warnings and errors."""
+    logs = {b: overlay.logs(b.replace(".", "-")) for b in sorted(overlay.client_ports)}
+    logs.update(more or {})
+    said = [
+        f"{b}: {line}"
+        for b, text in logs.items()
+        for line in text.splitlines()
+        if any(word in line for word in ("abandon", "blame", "refus", "WARNING", "ERROR"))
+    ]
+    return "\n".join(said[-60:])
+
+
 def expect_stream(
     overlay: ComposeOverlay, got: list[tuple[int, bytes, bool]], first: int, count: int
 ) -> None:
-    """Assert ``got`` is :func:`stream`'s ``count`` publications from ``first``, exactly;
-    on a mismatch first print the end of every broker's log, to say where they went."""
+    """Assert ``got`` is :func:`stream`'s ``count`` publications from ``first``, exactly,
+    saying on a mismatch which seqs are missing and what the brokers said."""
     want = [(i + 1, payload(i), bool(i % 2)) for i in range(first, first + count)]
     if got != want:
         missing = sorted({w[0] for w in want} - {g[0] for g in got})
-        print(f"missing seqs: {missing}")
-        for broker in sorted(overlay.client_ports):
-            with contextlib.suppress(subprocess.SubprocessError, OSError):
-                lines = overlay.logs(broker.replace(".", "-")).splitlines()
-                print(f"--- {broker} ---")
-                print("\n".join(lines[-80:]))
+        print(f"missing seqs {missing}; brokers said:\n{brokers_said(overlay)}")
     assert got == want
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -258,13 +259,11 @@ async def test_cli_follows_rounds_and_shows_the_moved_tree(tmp_path) -> None:
             """Read rounds until b1's applied one and its two lines (old and new links,
             local cost)."""
             assert follow.stdout is not None
-            left = -1
-            while left != 0 and (line := await follow.stdout.readline()):
+            async for line in follow.stdout:
                 lines.append(line.decode())
-                if left > 0:
-                    left -= 1
-                elif "master b1     applied" in lines[-1]:
-                    left = 2
+                if "master b1     applied" in lines[-1]:
+                    lines.extend([(await follow.stdout.readline()).decode() for _ in range(2)])
+                    return
 
         moved = asyncio.create_task(until_b1_moved())
         async with (
@@ -283,6 +282,7 @@ async def test_cli_follows_rounds_and_shows_the_moved_tree(tmp_path) -> None:
         with contextlib.suppress(ProcessLookupError):
             follow.terminate()
         _, err = await asyncio.wait_for(follow.communicate(), 10)
+        assert follow.returncode in (0, -signal.SIGTERM), err.decode()  # ran, stopped or ended
         followed = "".join(lines)
         assert "master b1     applied" in followed, (followed, err.decode())
         assert "b0-b2" in followed
