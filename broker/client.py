@@ -1594,6 +1594,9 @@ class Client:
                     log.warning("broker %s refused: %s: %s", link.broker_id, code, message)
                     link.fatal = exc
             case Welcome():
+                # Named at once: a resumed session's frames can follow in the same read,
+                # before the handshake's waiter runs, and key shares count by their sender.
+                link.broker_id = msg.broker_id
                 if not link.welcome.done():
                     link.welcome.set_result(msg)
             case Ping(token):

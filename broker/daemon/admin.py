@@ -133,6 +133,16 @@ class BrokerCollector:
             "Clients closed because their send buffer was full (slow_consumer = disconnect)",
             s.slow_consumers_closed,
         )
+        yield counter(
+            "trellis_sessions_resumed",
+            "Client sessions claimed by a reconnection after their connection was lost",
+            s.sessions_resumed,
+        )
+        yield counter(
+            "trellis_sessions_ended",
+            "Parked client sessions that ended unclaimed (session_linger) or over session_buffer",
+            s.sessions_ended,
+        )
         over = CounterMetricFamily(
             "trellis_requests_over_limit",
             "Requests refused with ERROR limit_exceeded, by the limit's config key",

@@ -165,6 +165,18 @@ class BrokerConfig(BaseModel):
         description="advertisements one client connection may hold; past it ADVERTISE gets "
         "ERROR limit_exceeded (the connection stays open)",
     )
+    session_linger: float = Field(
+        10.0,
+        ge=0,
+        description="seconds a client session outlives a connection lost without a clean "
+        "close (reset, heartbeat timeout): its subscriptions stay routed and what it is sent "
+        "is buffered for the same client reconnecting; 0: a session ends with its connection",
+    )
+    session_buffer: int = Field(
+        8 * 1024 * 1024,
+        ge=0,
+        description="bytes buffered at most for one parked session; past it the session ends",
+    )
     copy_patience: float = Field(
         1.0,
         gt=0,

@@ -56,6 +56,7 @@ from broker.daemon.hops import Hop, VNHop
 from broker.daemon.links import LinkStates, load_saved_links, save_links
 from broker.daemon.reconfig_agent import MARK, MARK_ASK, Tables
 from broker.daemon.reconfig_faults import reconfig_agent
+from broker.daemon.sessions import RecentDeliveries, Sessions
 from broker.daemon.stats import BrokerStats
 from broker.daemon.tls import BrokerTLS
 from broker.daemon.topic_guard import TopicGuard
@@ -161,9 +162,27 @@ class Connection(asyncio.Protocol):
         self.published = False
         self.last_seen = time.monotonic()
         self.opened = self.last_seen
+        # A client's session (broker.daemon.sessions): the connection its routing state is
+        # held by when that is not this one (the first connection of a session resumed
+        # here; see session_hop), the one that carries a parked session's traffic once it
+        # resumed, whether this one's session is parked, whether its loss keeps the session
+        # (no clean close), and the plain deliveries it was sent last (they may be lost in
+        # flight when it drops).
+        self.resumes: Connection | None = None
+        self.successor: Connection | None = None
+        self.parked = False
+        self.lingers = False
+        self.recent: RecentDeliveries | None = None
         loop = asyncio.get_running_loop()
         self.closed: asyncio.Future[None] = loop.create_future()
         self.handshake: asyncio.Future[None] = loop.create_future()
+
+    @property
+    def session_hop(self) -> Connection:
+        """The router's hop for this client's requests and deliveries: this connection, or
+        the one that held its session before it resumed here (no reference to itself: a
+        cycle would keep every closed connection until the cyclic collector runs)."""
+        return self.resumes or self
 
     def __repr__(self) -> str:
         kind = "broker" if self.is_broker else "client"
@@ -289,6 +308,8 @@ class Connection(asyncio.Protocol):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None and not self.closing:
+            self.lingers = True  # reset, not closed: the client may come back for its session
         self.closing = True
         self.drop_backlog()  # a reset loses what was in flight, as TCP's buffers would
         if not self.handshake.done():
@@ -303,7 +324,8 @@ class Connection(asyncio.Protocol):
             self.dropped[key] = self.dropped.get(key, 0) + 1
 
     def pause_writing(self) -> None:
-        self.congested = True
+        # A resumed session's deliveries are routed to its first connection: it drops them.
+        self.congested = self.session_hop.congested = True
         self.broker.stats.congestion_events += 1
         if self.is_broker:
             self.broker.link_congested(self, True)
@@ -345,11 +367,12 @@ class Connection(asyncio.Protocol):
         asyncio.get_running_loop().call_later(grace, transport.abort)
 
     def resume_writing(self) -> None:
-        self.congested = False
+        hop = self.session_hop
+        self.congested = hop.congested = False
         if self.is_broker:
             self.broker.link_congested(self, False)
-        if self.dropped:
-            dropped, self.dropped = self.dropped, {}
+        if hop.dropped:
+            dropped, hop.dropped = hop.dropped, {}
             self.send(Notice("dropped", {"subscriptions": dropped}))
             self.broker.flush()
 
@@ -359,9 +382,24 @@ class Connection(asyncio.Protocol):
         self.send_raw(encode(msg))
 
     def send_raw(self, data: bytes) -> None:
+        successor = self.successor
+        if successor is not None:
+            successor.send_raw(data)
+            return
+        if self.parked:
+            self.broker.sessions.buffer(self, data)
+            return
         if not self.out:
             self.broker.dirty.append(self)
         self.out.append(data)
+
+    def deliver_raw(self, data: bytes, plain: bool) -> None:
+        """An encoded DELIVER frame; a plain one is kept among the recent deliveries (sent
+        again if the session resumes after a loss: it may not have arrived)."""
+        recent = self.recent
+        if plain and recent is not None:
+            recent.append(data)
+        self.send_raw(data)
 
     def flush(self) -> None:
         if self.out and self.transport is not None and not self.transport.is_closing():
@@ -437,11 +475,11 @@ class Connection(asyncio.Protocol):
                         return
                 if self.over_limit(rid, "subscriptions", sub_id):
                     return
-                broker.execute(router.subscribe(self, sub_id, flt))
+                broker.execute(router.subscribe(self.session_hop, sub_id, flt))
                 self.ack_in_force(rid)
             case Unsubscribe(rid, sub_id):
-                if router.knows_subscription(self, sub_id):
-                    broker.execute(router.unsubscribe(self, sub_id))
+                if router.knows_subscription(self.session_hop, sub_id):
+                    broker.execute(router.unsubscribe(self.session_hop, sub_id))
                     self.ack(rid)
                 else:
                     self.reject(rid, InvalidRequest(f"UNSUBSCRIBE: no subscription '{sub_id}'"))
@@ -454,11 +492,11 @@ class Connection(asyncio.Protocol):
                         return
                 if self.over_limit(rid, "advertisements", adv_id):
                     return
-                broker.execute(router.advertise(self, adv_id, flt))
+                broker.execute(router.advertise(self.session_hop, adv_id, flt))
                 self.ack_in_force(rid)
             case Unadvertise(rid, adv_id):
-                if router.knows_advertisement(self, adv_id):
-                    broker.execute(router.unadvertise(self, adv_id))
+                if router.knows_advertisement(self.session_hop, adv_id):
+                    broker.execute(router.unadvertise(self.session_hop, adv_id))
                     self.ack(rid)
                 else:
                     self.reject(rid, InvalidRequest(f"UNADVERTISE: no advertisement '{adv_id}'"))
@@ -598,11 +636,12 @@ class Connection(asyncio.Protocol):
     def over_limit(self, rid: int, kind: str, key: str) -> bool:
         """Refuse a new advertisement or subscription past this client's configured limit
         (a replaced one does not count)."""
-        ads, subs = self.broker.router.held_by(self)
+        router, hop = self.broker.router, self.session_hop
+        ads, subs = router.held_by(hop)
         held, known = (
-            (subs, self.broker.router.knows_subscription(self, key))
+            (subs, router.knows_subscription(hop, key))
             if kind == "subscriptions"
-            else (ads, self.broker.router.knows_advertisement(self, key))
+            else (ads, router.knows_advertisement(hop, key))
         )
         name = f"max_{kind}_per_client"
         limit: int = getattr(self.broker.config, name)
@@ -686,6 +725,9 @@ class Broker:
             None
             if config.topic_trust is None
             else TopicGuard(load_trusted_tdns(config.topic_trust))
+        )
+        self.sessions: Sessions[Connection] = Sessions(
+            config.session_linger, config.session_buffer, self.end_session
         )
 
     def save_links(self) -> None:
@@ -891,6 +933,8 @@ class Broker:
         conn.send(Welcome(PROTOCOL_VERSION, self.config.id, options))
         if conn.is_broker:
             self.link_up(conn)
+        elif conn.peer_id is not None:
+            self.resume_session(conn, conn.peer_id)
 
     def attach_client(self, conn: Connection, client_id: str) -> None:
         old = self.clients.get(client_id)
@@ -898,9 +942,14 @@ class Broker:
             log.info(
                 "client %s connected again from %s; closing its old session", client_id, conn.peer
             )
+            # The same session from a new connection: the old one is stale (its loss not
+            # noticed yet), and what it holds passes to the new one (resume_session).
+            old.lingers = old.session is not None and old.session == conn.session
             old.fail(ProtocolError(f"client id '{client_id}' connected again: session taken over"))
             self.connection_closed(old)
         conn.peer_id = client_id
+        if self.sessions.linger > 0:
+            conn.recent = RecentDeliveries()
         self.clients[client_id] = conn
         if self.congested_links:  # a newcomer is held back with the other clients
             conn.hold("congestion")
@@ -1166,7 +1215,10 @@ class Broker:
         if hop is not None:
             self.waves.lost(conn)
         if hop is None:
-            self.execute(self.router.remove_hop(conn))
+            if conn.is_broker or not conn.lingers or not self.park_session(conn):
+                session = conn.session_hop
+                session.successor = None
+                self.execute(self.router.remove_hop(session))
         elif hop.members.get(conn.peer_id or "") is conn:
             del hop.members[conn.peer_id or ""]
             if not hop.members:
@@ -1175,12 +1227,54 @@ class Broker:
                 self.execute(self.router.remove_hop(hop))
         self.flush()
 
+    def park_session(self, conn: Connection) -> bool:
+        """Keep the session of a client connection just lost (broker.daemon.sessions);
+        False when it is not kept (sessions off, no session token)."""
+        hop = conn.session_hop
+        sessions = self.sessions
+        if not sessions.can_park(hop) or hop.parked:
+            return False
+        recent = hop.recent
+        inflight = recent.take() if recent is not None else []
+        unsent, conn.out = conn.out, []
+        hop.successor = None
+        hop.parked = True
+        hop.closing = False
+        hop.congested = False
+        # Its key shares' certificate ids start afresh: a new connection numbers from 0.
+        self.shares.link_gone(hop)
+        sessions.park(hop, inflight, unsent)
+        return True
+
+    def resume_session(self, conn: Connection, client_id: str) -> None:
+        """A client connected: if its session was parked here, ``conn`` carries it on."""
+        resumed = self.sessions.resume(client_id, conn.session)
+        if resumed is None:
+            return
+        hop, frames = resumed
+        self.stats.sessions_resumed += 1
+        hop.parked = False
+        hop.successor = conn
+        conn.resumes = hop
+        conn.recent = hop.recent
+        for frame in frames:
+            conn.send_raw(frame)
+
+    def end_session(self, hop: Connection) -> None:
+        """A parked session not resumed in time (or overflowing): withdraw its routing state."""
+        self.stats.sessions_ended += 1
+        hop.parked = False
+        hop.successor = None
+        hop.closing = True
+        self.execute(self.router.remove_hop(hop))
+        self.flush()
+
     def publish(self, source: Connection, msg: Publish) -> None:
         """A local client's publication: route it, then acknowledge or refuse it."""
         assert source.peer_id is not None
         source.published = True
         problem = self.stale_session(source, msg.seq) or self.forwarder.publish(
-            source, source.peer_id, msg
+            source.session_hop, source.peer_id, msg
         )
         if problem is not None:
             source.reject(msg.rid, problem)
@@ -1272,6 +1366,7 @@ class Broker:
                     if now - conn.opened > self.config.hello_timeout:
                         conn.fail(ProtocolError(f"no HELLO within {self.config.hello_timeout:g} s"))
                 elif silent > 3 * interval:
+                    conn.lingers = True  # lost, not closed by the client: its session waits
                     conn.fail(ProtocolError(f"peer silent for {silent:.1f} s (heartbeat timeout)"))
                     # A silent peer will not read what is queued to it: a graceful close
                     # would wait for TCP to deliver it (minutes of retransmission back-off

@@ -348,7 +348,7 @@ class Forwarder:
                     data = deliver_frames[key] = encode_deliver(
                         keys, publisher, seq, attrs, payload, sec=sec
                     )
-                hop.send_raw(data)
+                hop.deliver_raw(data, sec is None)
                 stats.deliveries += 1
         tlog = self.tlog
         if tlog is not None:

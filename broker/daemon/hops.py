@@ -41,6 +41,9 @@ class Hop(Protocol):
     def send_raw(self, data: bytes) -> None:
         """Queue an already encoded frame for the hop."""
 
+    def deliver_raw(self, data: bytes, plain: bool) -> None:
+        """Queue an encoded DELIVER frame for a local client (``plain``: not confidential)."""
+
     def __hash__(self) -> int: ...
 
 
@@ -87,6 +90,9 @@ class VNHop:
         for conn in self.members.values():
             if not conn.closing:
                 conn.send_raw(data)
+
+    def deliver_raw(self, data: bytes, plain: bool) -> None:
+        raise AssertionError(f"{self!r} is a neighbour VN, not a local client")
 
     def note_dropped(self, keys: list[str]) -> None:
         raise AssertionError(f"a delivery to {self!r} cannot be dropped: links never drop")

@@ -126,6 +126,7 @@ class Server:
                 task.cancel()
             for peer_id in list(self.broker.dialers):
                 self.broker.stop_dialer(peer_id)
+            self.broker.sessions.close()  # no client comes back to a stopped broker
             await self._close_connections()
         if admin is not None:
             admin.close()

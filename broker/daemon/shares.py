@@ -597,6 +597,11 @@ class SecureForwarding:
             if flush is not None:
                 flush()
 
+    def link_gone(self, conn: Member | Hop) -> None:
+        """``conn`` will carry no more SHARES frames on its connection: the certificate ids
+        of whatever carries its traffic next are numbered afresh."""
+        self._certs_out.pop(conn, None)
+
     # -- silence -----------------------------------------------------------------------------
 
     def _expect(self, key: tuple[str, int]) -> None:

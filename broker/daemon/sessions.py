@@ -1,0 +1,179 @@
+"""Client sessions that outlive a lost connection (broker setting ``session_linger``).
+
+A subscriber connected to the replicas of its edge VN delivers a publication once ``f + 1``
+of them sent identical copies. If its connections to more than ``f`` replicas drop at once
+(a network path reset, a client too busy to answer PINGs), the publications routed while
+they were down reach it from too few replicas to be agreed on, and were lost for good once
+later ones were agreed: the replicas had withdrawn its subscriptions and kept nothing.
+
+So a client session whose connection was *lost* (reset, or closed here for heartbeat
+silence; not a clean close, which ends with an EOF) is parked for ``session_linger``
+seconds: its subscriptions and advertisements stay in the routing tables, with the
+connection that holds them (its *session hop*) as their hop; what is sent to it meanwhile
+is buffered, up to ``session_buffer`` bytes; and the plain deliveries it was sent just before
+(the last :data:`RECENT_FRAMES`, which may have been lost in flight) are kept. When the same
+client (id and HELLO ``session`` token) connects again in time, the new connection carries
+the session: the kept deliveries, then the buffer, then everything routed to the session
+hop. The client discards what it already had (it deduplicates by publisher and seq). A
+session not claimed in time, or whose buffer overflows, ends as the connection would have:
+its routing state is withdrawn.
+
+Key shares are not kept among the recent deliveries: their certificate ids are numbered per
+connection (:class:`~security.propagation.LinkCertsOut`), so a parked session's numbering
+starts afresh and its buffered SHARES frames open the new connection's numbering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+log = logging.getLogger("trellis.broker")
+
+RECENT_FRAMES = 256
+"""Plain deliveries a client connection keeps (within :data:`RECENT_BYTES`) for a resume."""
+
+RECENT_BYTES = 1 << 20
+"""Bytes of recent plain deliveries a client connection keeps at most."""
+
+MAX_PARKED = 1024
+"""Sessions parked at once at most (a flood of reset connections parks no more; past it a
+lost connection's session ends with it, as with ``session_linger = 0``)."""
+
+
+class SessionHop(Protocol):
+    """What a session needs of the connection that holds its routing state."""
+
+    peer_id: str | None
+    session: str | None
+
+
+H = TypeVar("H", bound=SessionHop)
+
+
+class RecentDeliveries:
+    """The last plain DELIVER frames sent on a client connection, bounded in count and bytes."""
+
+    __slots__ = ("_bytes", "_frames")
+
+    def __init__(self) -> None:
+        self._frames: deque[bytes] = deque()
+        self._bytes = 0
+
+    def append(self, frame: bytes) -> None:
+        frames = self._frames
+        frames.append(frame)
+        self._bytes += len(frame)
+        while len(frames) > RECENT_FRAMES or self._bytes > RECENT_BYTES:
+            self._bytes -= len(frames.popleft())
+
+    def take(self) -> list[bytes]:
+        """The frames kept, oldest first; empties."""
+        frames = list(self._frames)
+        self._frames.clear()
+        self._bytes = 0
+        return frames
+
+
+@dataclass
+class _Parked(Generic[H]):
+    hop: H
+    frames: list[bytes]
+    size: int
+    timer: asyncio.Handle | None = None
+    overflowed: bool = field(default=False)
+
+
+class Sessions(Generic[H]):
+    """The parked sessions of one broker, by client id.
+
+    ``end`` withdraws a session's routing state (the broker's ``router.remove_hop``); it is
+    called from a timer or a new connection's HELLO, never while a publication is routed.
+    """
+
+    def __init__(self, linger: float, buffer_limit: int, end: Callable[[H], None]) -> None:
+        self.linger = linger
+        self.buffer_limit = buffer_limit
+        self._end = end
+        self._parked: dict[str, _Parked[H]] = {}
+
+    def __len__(self) -> int:
+        return len(self._parked)
+
+    def can_park(self, hop: H) -> bool:
+        """Whether ``hop``'s session may be parked: sessions are on, it has an identity
+        (client id and session token), and fewer than :data:`MAX_PARKED` are."""
+        return (
+            self.linger > 0
+            and bool(hop.peer_id)
+            and bool(hop.session)
+            and len(self._parked) < MAX_PARKED
+        )
+
+    def park(self, hop: H, inflight: list[bytes], unsent: list[bytes]) -> None:
+        """Keep ``hop``'s session for ``linger`` seconds: ``inflight`` (recent deliveries that
+        may not have arrived) and ``unsent`` (queued, never written) open its buffer."""
+        assert hop.peer_id is not None
+        frames = [*inflight, *unsent]
+        parked = _Parked(hop, frames, sum(map(len, frames)))
+        self._parked[hop.peer_id] = parked
+        parked.timer = asyncio.get_running_loop().call_later(
+            self.linger, self._expire, hop.peer_id, parked
+        )
+        log.info(
+            "client %s: connection lost; its session is kept for %g s", hop.peer_id, self.linger
+        )
+
+    def buffer(self, hop: H, frame: bytes) -> None:
+        """A frame sent to a parked session: kept for the resume, within ``buffer_limit``."""
+        client_id = hop.peer_id or ""
+        parked = self._parked.get(client_id)
+        if parked is None or parked.hop is not hop or parked.overflowed:
+            return
+        parked.size += len(frame)
+        if parked.size <= self.buffer_limit:
+            parked.frames.append(frame)
+            return
+        # Ended from the loop, not here: a frame is buffered while a publication is routed.
+        parked.overflowed = True
+        parked.frames = []
+        log.warning(
+            "client %s: session buffer over %d bytes; the session ends",
+            client_id,
+            self.buffer_limit,
+        )
+        if parked.timer is not None:
+            parked.timer.cancel()
+        parked.timer = asyncio.get_running_loop().call_soon(self._expire, client_id, parked)
+
+    def resume(self, client_id: str, session: str | None) -> tuple[H, list[bytes]] | None:
+        """The parked session of ``client_id`` (hop, frames to send first), claimed by a new
+        connection of the same session; a parked session of another session ends."""
+        parked = self._parked.pop(client_id, None)
+        if parked is None:
+            return None
+        if parked.timer is not None:
+            parked.timer.cancel()
+        if parked.overflowed or not session or parked.hop.session != session:
+            self._end(parked.hop)
+            return None
+        log.info("client %s: session resumed (%d frames kept)", client_id, len(parked.frames))
+        return parked.hop, parked.frames
+
+    def _expire(self, client_id: str, parked: _Parked[H]) -> None:
+        if self._parked.get(client_id) is not parked:
+            return
+        del self._parked[client_id]
+        log.info("client %s: session not resumed within %g s; it ends", client_id, self.linger)
+        self._end(parked.hop)
+
+    def close(self) -> None:
+        """Forget every parked session (the broker is stopping)."""
+        for parked in self._parked.values():
+            if parked.timer is not None:
+                parked.timer.cancel()
+        self._parked.clear()

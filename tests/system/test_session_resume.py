@@ -1,0 +1,194 @@
+"""A subscriber whose connections drop and come back loses nothing (broker ``session_linger``).
+
+Each broker keeps a client session whose connection was lost without an EOF (reset, or
+closed for heartbeat silence) for ``session_linger`` seconds: its subscriptions stay in the
+routing tables, what it is sent meanwhile is buffered, and the plain deliveries it was sent
+just before (possibly lost in flight) are kept; when the client reconnects with the same id
+and session, it gets them all. Real broker processes; the client's sockets are reset from
+its side with an RST, as a lost network path or a NAT would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from broker.client import Client, Subscription
+from broker.errors import TrellisTimeout
+from broker.tools.local import LocalOverlay
+from overlay.tree import broker_names, line_tree
+from tests.system.test_overlay import metric
+
+pytestmark = pytest.mark.slow
+
+COUNT = 300
+FLT = "class = 'resume'"
+
+
+def reset(transport: asyncio.Transport) -> None:
+    """Drop a connection with an RST, as a lost network path does (``abort()`` alone sends
+    a FIN: a clean close, which ends the session)."""
+    sock = transport.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
+async def read(sub: Subscription, count: int) -> list[tuple[int, bytes]]:
+    """(seq, payload) of what ``sub`` delivers, until ``count`` or 15 s without one."""
+    got: list[tuple[int, bytes]] = []
+    while len(got) < count:
+        try:
+            msg = await sub.get(15)
+        except TrellisTimeout:
+            break
+        got.append((msg.seq, msg.payload))
+    return got
+
+
+async def stream_with_resets(
+    overlay: LocalOverlay, resets: list[int], *, confidential_every: int = 0
+) -> tuple[list[int], list[tuple[int, bytes]], dict[int, bytes]]:
+    """Publish COUNT publications at ~300/s from the first VN; a third of the way in,
+    reset the subscriber's connections to the last VN's replicas ``resets``. Returns the
+    seqs sent, what the subscriber got, and the payload of every seq."""
+    vns = sorted(overlay.tree.brokers)
+    pub = Client(overlay.endpoints(vns[0]), client_id="resume-pub")
+    sub_client = Client(
+        overlay.endpoints(vns[-1]), client_id="resume-sub", manifest=overlay.manifest
+    )
+    sent: list[int] = []
+    payloads: dict[int, bytes] = {}
+    async with pub, sub_client, sub_client.subscribe(FLT) as sub:
+        await pub.advertise(FLT)
+        await asyncio.to_thread(overlay.wait_quiet)
+        collector = asyncio.create_task(read(sub, COUNT))
+        for i in range(COUNT):
+            if i == COUNT // 3:
+                for index in resets:
+                    link = sub_client._links.get(index)
+                    assert link is not None
+                    assert link.transport is not None
+                    reset(link.transport)
+            confidential = confidential_every > 0 and i % confidential_every == 0
+            payload = f"resume #{i}".encode()
+            seq = await pub.publish(
+                {"class": "resume", "i": i}, payload, ack=False, confidential=confidential
+            )
+            sent.append(seq)
+            payloads[seq] = payload
+            await asyncio.sleep(1 / 300)
+        await pub.flush()
+        got = await asyncio.wait_for(collector, 30)
+    return sent, got, payloads
+
+
+def assert_exact(sent: list[int], got: list[tuple[int, bytes]], payloads: dict[int, bytes]) -> None:
+    seqs = [seq for seq, _ in got]
+    missing = sorted(set(sent) - set(seqs))
+    assert not missing, f"lost {len(missing)} publications: {missing[:20]}"
+    assert seqs == sent, "duplicated or reordered"
+    assert all(payloads[seq] == payload for seq, payload in got), "altered"
+
+
+async def test_a_subscriber_whose_links_to_two_of_three_replicas_reset_loses_nothing(
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    """With two of three edge links gone only one replica delivers, which is not f + 1:
+    without the sessions the publications of the gap could never be agreed on."""
+    names = broker_names(2)
+    overlay = run_overlay(line_tree(names), replicas=dict.fromkeys(names, 3))
+    sent, got, payloads = await stream_with_resets(overlay, [0, 1], confidential_every=3)
+    assert_exact(sent, got, payloads)
+    resumed = [metric(overlay.metrics(f"b1.{i}"), "trellis_sessions_resumed_total") for i in (0, 1)]
+    assert resumed == [1.0, 1.0]
+
+
+async def test_a_subscriber_of_a_single_broker_loses_nothing_over_a_reset(
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    names = broker_names(2)
+    overlay = run_overlay(line_tree(names))
+    sent, got, payloads = await stream_with_resets(overlay, [0])
+    assert_exact(sent, got, payloads)
+
+
+async def test_without_a_linger_the_session_ends_with_its_connection(
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    """``session_linger = 0``: the old behaviour, publications of the gap are lost (which is
+    what makes the two tests above able to fail)."""
+    names = broker_names(2)
+    overlay = run_overlay(line_tree(names), session_linger=0)
+    sent, got, _ = await stream_with_resets(overlay, [0])
+    assert len(got) < len(sent)
+
+
+async def test_a_subscriber_too_busy_to_answer_pings_is_closed_and_then_loses_nothing(
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    """The brokers close a subscriber silent for three heartbeat intervals (its loop is
+    blocked here for longer than that) and drop what its sockets still held, while the
+    publisher, on a loop of its own, goes on: once the subscriber reconnects and resumes,
+    what was in flight and what was routed meanwhile still arrive."""
+    names = broker_names(2)
+    overlay = run_overlay(
+        line_tree(names), replicas=dict.fromkeys(names, 3), heartbeat_interval=0.3
+    )
+    count = 400
+    payloads = {i + 1: f"busy #{i}".encode() for i in range(count)}
+
+    streaming = threading.Event()
+
+    async def publish_all() -> None:
+        async with Client(overlay.endpoints("b0"), client_id="busy-pub") as pub:
+            await pub.advertise(FLT)
+            await asyncio.to_thread(overlay.wait_quiet)
+            streaming.set()
+            for i in range(count):
+                await pub.publish({"class": "resume", "i": i}, payloads[i + 1], ack=False)
+                await asyncio.sleep(1 / 200)
+            await pub.flush()
+
+    sub_client = Client(overlay.endpoints("b1"), client_id="busy-sub", manifest=overlay.manifest)
+    async with sub_client, sub_client.subscribe(FLT) as sub:
+        publisher = asyncio.create_task(asyncio.to_thread(asyncio.run, publish_all()))
+        assert await asyncio.to_thread(streaming.wait, 30)
+        await asyncio.sleep(0.5)
+        time.sleep(2.0)  # noqa: ASYNC251 (this loop, the subscriber's, stops answering)
+        got = await read(sub, count)
+        await publisher
+    assert_exact(list(payloads), got, payloads)
+    resumed = sum(
+        metric(overlay.metrics(f"b1.{i}"), "trellis_sessions_resumed_total") for i in range(3)
+    )
+    assert resumed >= 2  # the brokers did close it (all three edge replicas, unless one was late)
+
+
+async def test_a_session_not_resumed_within_the_linger_ends_and_its_subscription_goes(
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    names = broker_names(1)
+    overlay = run_overlay(line_tree(names), session_linger=0.5)
+    (endpoint,) = overlay.endpoints("b0")
+    client = Client([endpoint], client_id="gone", reconnect=False)
+
+    async def prt() -> int:
+        health = await asyncio.to_thread(overlay.health)
+        return int(health["b0"]["prt"])
+
+    async with client, client.subscribe(FLT):
+        assert await prt() == 1
+        link = client._links[0]
+        assert link.transport is not None
+        reset(link.transport)
+        await asyncio.sleep(0.2)
+        assert await prt() == 1  # parked: still routed
+        await asyncio.sleep(1.0)
+        assert await prt() == 0
+    assert metric(overlay.metrics("b0"), "trellis_sessions_ended_total") == 1
