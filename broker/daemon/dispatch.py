@@ -56,7 +56,13 @@ from broker.daemon.hops import Hop, VNHop
 from broker.daemon.links import LinkStates, load_saved_links, save_links
 from broker.daemon.reconfig_agent import MARK, MARK_ASK, Tables
 from broker.daemon.reconfig_faults import reconfig_agent
-from broker.daemon.sessions import RecentDeliveries, Sessions
+from broker.daemon.sessions import (
+    RECENT_FRAME_BYTES,
+    RecentDeliveries,
+    Sessions,
+    recent_deliveries,
+    take,
+)
 from broker.daemon.stats import BrokerStats
 from broker.daemon.tls import BrokerTLS
 from broker.daemon.topic_guard import TopicGuard
@@ -393,13 +399,19 @@ class Connection(asyncio.Protocol):
             self.broker.dirty.append(self)
         self.out.append(data)
 
-    def deliver_raw(self, data: bytes, plain: bool) -> None:
-        """An encoded DELIVER frame; a plain one is kept among the recent deliveries (sent
-        again if the session resumes after a loss: it may not have arrived)."""
+    def deliver_raw(self, data: bytes) -> None:
+        """An encoded DELIVER frame, kept among the recent deliveries (sent again if the
+        session resumes after a loss: it may not have arrived). The hottest send of all:
+        :meth:`send_raw` is inlined."""
         recent = self.recent
-        if plain and recent is not None:
+        if recent is not None and len(data) <= RECENT_FRAME_BYTES:
             recent.append(data)
-        self.send_raw(data)
+        if self.successor is not None or self.parked:
+            self.send_raw(data)
+            return
+        if not self.out:
+            self.broker.dirty.append(self)
+        self.out.append(data)
 
     def flush(self) -> None:
         if self.out and self.transport is not None and not self.transport.is_closing():
@@ -949,7 +961,7 @@ class Broker:
             self.connection_closed(old)
         conn.peer_id = client_id
         if self.sessions.linger > 0:
-            conn.recent = RecentDeliveries()
+            conn.recent = recent_deliveries()
         self.clients[client_id] = conn
         if self.congested_links:  # a newcomer is held back with the other clients
             conn.hold("congestion")
@@ -1218,6 +1230,7 @@ class Broker:
             if conn.is_broker or not conn.lingers or not self.park_session(conn):
                 session = conn.session_hop
                 session.successor = None
+                self.shares.link_gone(session)
                 self.execute(self.router.remove_hop(session))
         elif hop.members.get(conn.peer_id or "") is conn:
             del hop.members[conn.peer_id or ""]
@@ -1235,15 +1248,16 @@ class Broker:
         if not sessions.can_park(hop) or hop.parked:
             return False
         recent = hop.recent
-        inflight = recent.take() if recent is not None else []
-        unsent, conn.out = conn.out, []
+        inflight = take(recent) if recent is not None else []
+        # What was queued and not written is among the recent deliveries and shares (its
+        # SHARES frames numbered certificates the way the lost connection did).
+        conn.out = []
         hop.successor = None
         hop.parked = True
         hop.closing = False
         hop.congested = False
-        # Its key shares' certificate ids start afresh: a new connection numbers from 0.
-        self.shares.link_gone(hop)
-        sessions.park(hop, inflight, unsent)
+        sessions.park(hop, inflight)
+        self.shares.resend_recent(hop)
         return True
 
     def resume_session(self, conn: Connection, client_id: str) -> None:
@@ -1266,6 +1280,7 @@ class Broker:
         hop.parked = False
         hop.successor = None
         hop.closing = True
+        self.shares.link_gone(hop)
         self.execute(self.router.remove_hop(hop))
         self.flush()
 

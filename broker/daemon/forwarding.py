@@ -348,7 +348,7 @@ class Forwarder:
                     data = deliver_frames[key] = encode_deliver(
                         keys, publisher, seq, attrs, payload, sec=sec
                     )
-                hop.deliver_raw(data, sec is None)
+                hop.deliver_raw(data)
                 stats.deliveries += 1
         tlog = self.tlog
         if tlog is not None:

@@ -41,8 +41,8 @@ class Hop(Protocol):
     def send_raw(self, data: bytes) -> None:
         """Queue an already encoded frame for the hop."""
 
-    def deliver_raw(self, data: bytes, plain: bool) -> None:
-        """Queue an encoded DELIVER frame for a local client (``plain``: not confidential)."""
+    def deliver_raw(self, data: bytes) -> None:
+        """Queue an encoded DELIVER frame for a local client."""
 
     def __hash__(self) -> int: ...
 
@@ -91,7 +91,7 @@ class VNHop:
             if not conn.closing:
                 conn.send_raw(data)
 
-    def deliver_raw(self, data: bytes, plain: bool) -> None:
+    def deliver_raw(self, data: bytes) -> None:
         raise AssertionError(f"{self!r} is a neighbour VN, not a local client")
 
     def note_dropped(self, keys: list[str]) -> None:

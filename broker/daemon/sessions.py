@@ -9,18 +9,19 @@ later ones were agreed: the replicas had withdrawn its subscriptions and kept no
 So a client session whose connection was *lost* (reset, or closed here for heartbeat
 silence; not a clean close, which ends with an EOF) is parked for ``session_linger``
 seconds: its subscriptions and advertisements stay in the routing tables, with the
-connection that holds them (its *session hop*) as their hop; what is sent to it meanwhile
-is buffered, up to ``session_buffer`` bytes; and the plain deliveries it was sent just before
-(the last :data:`RECENT_FRAMES`, which may have been lost in flight) are kept. When the same
-client (id and HELLO ``session`` token) connects again in time, the new connection carries
-the session: the kept deliveries, then the buffer, then everything routed to the session
-hop. The client discards what it already had (it deduplicates by publisher and seq). A
-session not claimed in time, or whose buffer overflows, ends as the connection would have:
-its routing state is withdrawn.
+connection that holds them (its *session hop*) as their hop; the deliveries and key shares it
+was sent just before (the newest :data:`RECENT_FRAMES` deliveries and
+``broker.daemon.shares.RECENT_SHARES`` share records: they may have died in flight, in the
+socket buffers) open its buffer, and what is sent to it meanwhile joins them, up to
+``session_buffer`` bytes. When the same client (id and HELLO ``session`` token) connects again
+in time, the new connection carries the session: the buffer, then everything routed to the
+session hop. The client discards what it already had (it deduplicates by publisher and seq,
+and a key share it holds twice counts once). A session not claimed in time, or whose buffer
+overflows, ends as the connection would have: its routing state is withdrawn.
 
-Key shares are not kept among the recent deliveries: their certificate ids are numbered per
-connection (:class:`~security.propagation.LinkCertsOut`), so a parked session's numbering
-starts afresh and its buffered SHARES frames open the new connection's numbering.
+Key shares travel in SHARES frames whose certificate ids are numbered per connection
+(:class:`~security.propagation.LinkCertsOut`): a parked session's recent share records are
+encoded again from id 0, and the new connection's numbering continues from there.
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ from typing import Generic, Protocol, TypeVar
 
 log = logging.getLogger("trellis.broker")
 
-RECENT_FRAMES = 256
-"""Plain deliveries a client connection keeps (within :data:`RECENT_BYTES`) for a resume."""
+RECENT_FRAMES = 128
+"""Plain deliveries a client connection keeps for a resume (the newest)."""
 
-RECENT_BYTES = 1 << 20
-"""Bytes of recent plain deliveries a client connection keeps at most."""
+RECENT_FRAME_BYTES = 8192
+"""Largest delivery frame kept among the recent ones: at most 1 MiB per client connection.
+The bound is kept by the deque itself and a length test, not by counting bytes: the check
+runs on every delivery."""
 
 MAX_PARKED = 1024
 """Sessions parked at once at most (a flood of reset connections parks no more; past it a
@@ -55,28 +58,20 @@ class SessionHop(Protocol):
 H = TypeVar("H", bound=SessionHop)
 
 
-class RecentDeliveries:
-    """The last plain DELIVER frames sent on a client connection, bounded in count and bytes."""
+RecentDeliveries = deque[bytes]
+"""The last DELIVER frames (of at most :data:`RECENT_FRAME_BYTES`) sent on a client
+connection: ``Connection.deliver_raw`` appends, the oldest falls out."""
 
-    __slots__ = ("_bytes", "_frames")
 
-    def __init__(self) -> None:
-        self._frames: deque[bytes] = deque()
-        self._bytes = 0
+def recent_deliveries() -> RecentDeliveries:
+    return deque(maxlen=RECENT_FRAMES)
 
-    def append(self, frame: bytes) -> None:
-        frames = self._frames
-        frames.append(frame)
-        self._bytes += len(frame)
-        while len(frames) > RECENT_FRAMES or self._bytes > RECENT_BYTES:
-            self._bytes -= len(frames.popleft())
 
-    def take(self) -> list[bytes]:
-        """The frames kept, oldest first; empties."""
-        frames = list(self._frames)
-        self._frames.clear()
-        self._bytes = 0
-        return frames
+def take(recent: RecentDeliveries) -> list[bytes]:
+    """The frames kept, oldest first; empties."""
+    frames = list(recent)
+    recent.clear()
+    return frames
 
 
 @dataclass
@@ -114,12 +109,11 @@ class Sessions(Generic[H]):
             and len(self._parked) < MAX_PARKED
         )
 
-    def park(self, hop: H, inflight: list[bytes], unsent: list[bytes]) -> None:
+    def park(self, hop: H, inflight: list[bytes]) -> None:
         """Keep ``hop``'s session for ``linger`` seconds: ``inflight`` (recent deliveries that
-        may not have arrived) and ``unsent`` (queued, never written) open its buffer."""
+        may not have arrived) opens its buffer."""
         assert hop.peer_id is not None
-        frames = [*inflight, *unsent]
-        parked = _Parked(hop, frames, sum(map(len, frames)))
+        parked = _Parked(hop, inflight, sum(map(len, inflight)))
         self._parked[hop.peer_id] = parked
         parked.timer = asyncio.get_running_loop().call_later(
             self.linger, self._expire, hop.peer_id, parked

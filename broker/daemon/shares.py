@@ -101,6 +101,11 @@ it leaves the last one for the next pass that writes anyway (or this timer): the
 at once already let a subscriber recover the key, so in the fault-free case the spare one
 costs no latency, and it no longer costs a seal, a write and a read at every hop below."""
 
+RECENT_SHARES = 1024
+"""Share records a local client's connection keeps (the newest) for its session to be sent
+again after a loss: the keys of the last 128 confidential publications over a path of three
+VNs of three replicas (9 leaves per edge replica)."""
+
 SILENCE_DEADLINE = 3.0
 """Seconds after an epoch's content was routed here by which every upstream replica must
 have sent a share of it; one that sent none is blamed as silent."""
@@ -161,6 +166,9 @@ class SecureForwarding:
         # Certificate ids per connection, out and in (ids number what one connection
         # carried: a late frame of a closed connection must not read a new one's ids).
         self._certs_out: dict[Member | Hop, LinkCertsOut] = {}
+        # The share records each local client was sent last (a session parked after its
+        # connection was lost is sent them again: they may have died in flight).
+        self._recent: dict[Member | Hop, deque[tuple[str, int, ShareRecord]]] = {}
         self._certs_in: dict[Member, LinkCertsIn] = {}
         self._flushing = False
         # Splits left for the next pass that writes anyway (SPARE_DELAY), and how many
@@ -580,12 +588,18 @@ class SecureForwarding:
                 stats.shares_forwarded += 1
         written: dict[Member | Hop, None] = {}
         links = self._certs_out
+        recent_of = self._recent
         for conn, items in per_conn.items():
             link = links.get(conn)
             if link is None:
                 link = links[conn] = LinkCertsOut()
                 for gone in [c for c in links if c.closing]:
                     del links[gone]
+            if not conn.is_broker:
+                recent = recent_of.get(conn)
+                if recent is None:
+                    recent = recent_of[conn] = deque(maxlen=RECENT_SHARES)
+                recent.extend(items)
             for base, certs, entries in link.frames(items):
                 conn.send(Shares(base, certs, entries))
             written[conn] = None
@@ -598,9 +612,21 @@ class SecureForwarding:
                 flush()
 
     def link_gone(self, conn: Member | Hop) -> None:
-        """``conn`` will carry no more SHARES frames on its connection: the certificate ids
-        of whatever carries its traffic next are numbered afresh."""
+        """``conn`` is closed for good: forget its certificate ids and recent shares."""
         self._certs_out.pop(conn, None)
+        self._recent.pop(conn, None)
+
+    def resend_recent(self, conn: Member | Hop) -> None:
+        """A local client's connection was lost and its session parked on ``conn``: send
+        it again the share records it was sent last, numbering certificate ids afresh
+        (whatever carries the session next is a new connection, which numbers from 0)."""
+        self._certs_out.pop(conn, None)
+        items = list(self._recent.pop(conn, ()))
+        if not items:
+            return
+        link = self._certs_out[conn] = LinkCertsOut()
+        for base, certs, entries in link.frames(items):
+            conn.send(Shares(base, certs, entries))
 
     # -- silence -----------------------------------------------------------------------------
 

@@ -96,14 +96,18 @@ def assert_exact(sent: list[int], got: list[tuple[int, bytes]], payloads: dict[i
     assert all(payloads[seq] == payload for seq, payload in got), "altered"
 
 
+@pytest.mark.parametrize("confidential_every", [3, 1], ids=["mixed", "confidential"])
 async def test_a_subscriber_whose_links_to_two_of_three_replicas_reset_loses_nothing(
-    run_overlay: Callable[..., LocalOverlay],
+    run_overlay: Callable[..., LocalOverlay], confidential_every: int
 ) -> None:
     """With two of three edge links gone only one replica delivers, which is not f + 1:
-    without the sessions the publications of the gap could never be agreed on."""
+    without the sessions the publications of the gap could never be agreed on (nor the
+    keys of confidential ones recovered)."""
     names = broker_names(2)
     overlay = run_overlay(line_tree(names), replicas=dict.fromkeys(names, 3))
-    sent, got, payloads = await stream_with_resets(overlay, [0, 1], confidential_every=3)
+    sent, got, payloads = await stream_with_resets(
+        overlay, [0, 1], confidential_every=confidential_every
+    )
     assert_exact(sent, got, payloads)
     resumed = [metric(overlay.metrics(f"b1.{i}"), "trellis_sessions_resumed_total") for i in (0, 1)]
     assert resumed == [1.0, 1.0]

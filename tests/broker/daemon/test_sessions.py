@@ -6,13 +6,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from broker.daemon.sessions import (
-    MAX_PARKED,
-    RECENT_BYTES,
-    RECENT_FRAMES,
-    RecentDeliveries,
-    Sessions,
-)
+from broker.daemon.sessions import MAX_PARKED, RECENT_FRAMES, Sessions, recent_deliveries, take
 
 
 @dataclass(eq=False)
@@ -26,26 +20,21 @@ def sessions(linger: float = 10.0, limit: int = 1000) -> tuple[Sessions[FakeHop]
     return Sessions(linger, limit, ended.append), ended
 
 
-def test_recent_deliveries_keep_the_newest_within_their_count_and_bytes() -> None:
-    recent = RecentDeliveries()
+def test_recent_deliveries_keep_the_newest() -> None:
+    recent = recent_deliveries()
     for i in range(RECENT_FRAMES + 10):
         recent.append(b"%d" % i)
-    frames = recent.take()
-    assert frames == [b"%d" % i for i in range(10, RECENT_FRAMES + 10)]
-    assert recent.take() == []
-    big = b"x" * (RECENT_BYTES // 3 + 1)
-    for _ in range(4):
-        recent.append(big)
-    assert len(recent.take()) == 2
+    assert take(recent) == [b"%d" % i for i in range(10, RECENT_FRAMES + 10)]
+    assert take(recent) == []
 
 
-async def test_a_resumed_session_gets_what_was_in_flight_then_what_was_sent_while_parked() -> None:
+async def test_a_resumed_session_gets_what_was_in_flight_then_what_was_sent_parked() -> None:
     table, ended = sessions()
     hop = FakeHop("sub", "s1")
     assert table.can_park(hop)
-    table.park(hop, [b"in-flight"], [b"unsent"])
+    table.park(hop, [b"in-flight"])
     table.buffer(hop, b"later")
-    assert table.resume("sub", "s1") == (hop, [b"in-flight", b"unsent", b"later"])
+    assert table.resume("sub", "s1") == (hop, [b"in-flight", b"later"])
     assert table.resume("sub", "s1") is None
     assert not ended
     assert len(table) == 0
@@ -54,7 +43,7 @@ async def test_a_resumed_session_gets_what_was_in_flight_then_what_was_sent_whil
 async def test_a_session_not_claimed_within_the_linger_ends() -> None:
     table, ended = sessions(linger=0.05)
     hop = FakeHop("sub", "s1")
-    table.park(hop, [], [])
+    table.park(hop, [])
     await asyncio.sleep(0.15)
     assert ended == [hop]
     assert table.resume("sub", "s1") is None
@@ -63,11 +52,11 @@ async def test_a_session_not_claimed_within_the_linger_ends() -> None:
 async def test_another_session_of_the_same_client_id_ends_the_parked_one() -> None:
     table, ended = sessions()
     hop = FakeHop("sub", "s1")
-    table.park(hop, [b"a"], [])
+    table.park(hop, [b"a"])
     assert table.resume("sub", "s2") is None
     assert ended == [hop]
     hop2 = FakeHop("other", "s1")
-    table.park(hop2, [], [])
+    table.park(hop2, [])
     assert table.resume("other", None) is None
     assert ended == [hop, hop2]
 
@@ -75,7 +64,7 @@ async def test_another_session_of_the_same_client_id_ends_the_parked_one() -> No
 async def test_a_session_whose_buffer_overflows_ends_from_the_loop_not_from_the_send() -> None:
     table, ended = sessions(limit=10)
     hop = FakeHop("sub", "s1")
-    table.park(hop, [], [])
+    table.park(hop, [])
     table.buffer(hop, b"12345")
     table.buffer(hop, b"123456")  # over 10 bytes
     assert not ended  # a send is inside routing: the routing state is withdrawn later
@@ -96,7 +85,7 @@ def test_sessions_without_a_linger_or_an_identity_are_not_parked() -> None:
 async def test_an_overflowed_session_claimed_before_its_end_is_not_resumed() -> None:
     table, ended = sessions(limit=3)
     hop = FakeHop("sub", "s1")
-    table.park(hop, [], [])
+    table.park(hop, [])
     table.buffer(hop, b"1234")
     assert table.resume("sub", "s1") is None
     assert ended == [hop]
@@ -109,6 +98,6 @@ async def test_no_more_than_max_parked_sessions_are_kept_at_once() -> None:
     for i in range(MAX_PARKED):
         hop = FakeHop(f"c{i}", "s")
         assert table.can_park(hop)
-        table.park(hop, [], [])
+        table.park(hop, [])
     assert not table.can_park(FakeHop("one-more", "s"))
     table.close()
