@@ -7,13 +7,15 @@ benchmarks, so all of them exercise the same daemon a container runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import tomllib
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -145,24 +147,52 @@ def start_broker(
         workdir / f"{broker_id}.toml",
         {"id": broker_id, "host": host, "port": port, "ready_file": str(ready), **(settings or {})},
     )
-    log_file = (workdir / f"{broker_id}.log").open("ab")
     cmd = [sys.executable, "-m", "broker", "broker", "--config", str(config)]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})},
-        start_new_session=True,
-    )
-    log_file.close()
+    proc: subprocess.Popen[bytes] | None = None
     try:
+        # A Ctrl-C or SIGTERM while Popen forks and execs would unwind out of it with the
+        # child running and known to nobody (1 interrupted demo in ~25 left a broker
+        # behind): it is held until ``proc`` is set, then raised here, and stops it.
+        with signals_held(), (workdir / f"{broker_id}.log").open("ab") as log_file:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )
         if on_spawn is not None:
             on_spawn(proc)
         return wait_ready(proc, workdir, broker_id, host, ready, ready_timeout)
     except BaseException:
-        stop_process(proc, timeout=5.0)
+        if proc is not None:
+            stop_process(proc, timeout=5.0)
         raise
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM that arrive in the block are held and raised again after it, to
+    the handlers in force before (unlike ignoring them, which would lose them; and a child
+    spawned in the block gets the default dispositions, as exec resets caught signals).
+    Only the main thread can change signal handlers; elsewhere, no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum: int, _frame: object) -> None:
+        held.append(signum)
+
+    saved = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        for signum in held:
+            signal.raise_signal(signum)
 
 
 def wait_ready(
