@@ -30,13 +30,13 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 log = logging.getLogger("trellis.broker")
 
 RECENT_FRAMES = 128
-"""Plain deliveries a client connection keeps for a resume (the newest)."""
+"""Deliveries a client connection keeps for a resume (the newest)."""
 
 RECENT_FRAME_BYTES = 8192
 """Largest delivery frame kept among the recent ones: at most 1 MiB per client connection.
@@ -80,7 +80,7 @@ class _Parked(Generic[H]):
     frames: list[bytes]
     size: int
     timer: asyncio.Handle | None = None
-    overflowed: bool = field(default=False)
+    overflowed: bool = False
 
 
 class Sessions(Generic[H]):

@@ -168,7 +168,9 @@ class SecureForwarding:
         self._certs_out: dict[Member | Hop, LinkCertsOut] = {}
         # The share records each local client was sent last (a session parked after its
         # connection was lost is sent them again: they may have died in flight).
+        # Kept only when sessions are (session_linger > 0).
         self._recent: dict[Member | Hop, deque[tuple[str, int, ShareRecord]]] = {}
+        self._keep_recent = config.session_linger > 0
         self._certs_in: dict[Member, LinkCertsIn] = {}
         self._flushing = False
         # Splits left for the next pass that writes anyway (SPARE_DELAY), and how many
@@ -588,14 +590,14 @@ class SecureForwarding:
                 stats.shares_forwarded += 1
         written: dict[Member | Hop, None] = {}
         links = self._certs_out
-        recent_of = self._recent
+        recent_of, keep_recent = self._recent, self._keep_recent
         for conn, items in per_conn.items():
             link = links.get(conn)
             if link is None:
                 link = links[conn] = LinkCertsOut()
                 for gone in [c for c in links if c.closing]:
                     del links[gone]
-            if not conn.is_broker:
+            if keep_recent and not conn.is_broker:
                 recent = recent_of.get(conn)
                 if recent is None:
                     recent = recent_of[conn] = deque(maxlen=RECENT_SHARES)
