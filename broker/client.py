@@ -28,7 +28,7 @@ import secrets
 import socket
 import ssl
 import uuid
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -54,6 +54,7 @@ from broker.wire.protocol import (
     MARK_NOTICE,
     MARKS_OPTION,
     PROTOCOL_VERSION,
+    RESUMED_OPTION,
     Ack,
     Advertise,
     Deliver,
@@ -189,6 +190,25 @@ def _parse_membership(
     return version, members, None if manifest is None else Manifest.from_dict(manifest)
 
 
+def _parse_resumed(value: object) -> tuple[frozenset[str], frozenset[str]] | None:
+    """A WELCOME's ``resumed`` option: the ids the resumed session holds (None: absent).
+
+    Raises:
+        ValueError: it is not a map of two lists of strings.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"'{RESUMED_OPTION}' must be a map")
+    held: list[frozenset[str]] = []
+    for kind in ("advertisements", "subscriptions"):
+        ids = value.get(kind, [])
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise ValueError(f"'{RESUMED_OPTION}.{kind}' must be a list of ids")
+        held.append(frozenset(ids))
+    return held[0], held[1]
+
+
 def _error_from_wire(err: Error) -> TrellisError:
     cls = ERRORS_BY_CODE.get(err.code, TrellisError)
     return cls(err.message)
@@ -214,6 +234,9 @@ class _Link(asyncio.Protocol):
         self.out: list[bytes] = []
         self.out_bytes = 0
         self.heard = False
+        # What the broker's session still held when this connection resumed it (its
+        # WELCOME said): (advertisement ids, subscription ids); None: a new session.
+        self.resumed: tuple[frozenset[str], frozenset[str]] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
@@ -601,6 +624,9 @@ class Client:
         self._pending: dict[int, _Pending] = {}
         self._advertisements: dict[str, Filter] = {}
         self._subscriptions: dict[str, Subscription] = {}
+        # Withdrawals (Unadvertise, Unsubscribe) waiting for a majority of links before
+        # they are sent: they will reach a link being restored, which need not send them.
+        self._unsent_withdrawals: Counter[tuple[type, str]] = Counter()
         self._connected = asyncio.Event()
         self._disconnected = asyncio.Event()
         self._disconnected.set()
@@ -821,7 +847,7 @@ class Client:
     async def unadvertise(self, adv_id: str) -> None:
         """Withdraw an advertisement."""
         self._advertisements.pop(adv_id, None)
-        await self._request(lambda rid: Unadvertise(rid, adv_id))
+        await self._request(lambda rid: Unadvertise(rid, adv_id), withdraws=(Unadvertise, adv_id))
 
     async def publish(
         self,
@@ -977,7 +1003,9 @@ class Client:
         self._subscriptions.pop(sub.id, None)
         if self._status is Status.CONNECTED:
             with contextlib.suppress(ConnectionLost):
-                await self._request(lambda rid: Unsubscribe(rid, sub.id))
+                await self._request(
+                    lambda rid: Unsubscribe(rid, sub.id), withdraws=(Unsubscribe, sub.id)
+                )
 
     # -- internals ----------------------------------------------------------------------
 
@@ -1014,9 +1042,26 @@ class Client:
                     f"brokers accepted no more data within {self.request_timeout:g} s"
                 ) from None
 
-    async def _request(self, make: Callable[[int], Message], timeout: float | None = None) -> None:
-        """Send one request to every link and wait until a majority settled it."""
-        links = await self._request_links()
+    async def _request(
+        self,
+        make: Callable[[int], Message],
+        timeout: float | None = None,
+        withdraws: tuple[type, str] | None = None,
+    ) -> None:
+        """Send one request to every link and wait until a majority settled it.
+
+        ``withdraws``: the request withdraws this (kind, id); until it is sent, a link that
+        is restored leaves the withdrawal to it (see :meth:`_restore`)."""
+        if withdraws is None:
+            links = await self._request_links()
+        else:
+            self._unsent_withdrawals[withdraws] += 1
+            try:
+                links = await self._request_links()
+            finally:
+                self._unsent_withdrawals[withdraws] -= 1
+                if not self._unsent_withdrawals[withdraws]:
+                    del self._unsent_withdrawals[withdraws]
         rid = next(self._rids)
         msg = make(rid)
         await self._settle(rid, [(link, msg) for link in links], self.quorum, timeout)
@@ -1084,6 +1129,7 @@ class Client:
             replica = int(options.get("replica", index))
             vn_size = int(options.get("vn_size", len(self.endpoints)))
             max_frame = int(options.get("max_frame", DEFAULT_MAX_FRAME))
+            link.resumed = _parse_resumed(options.get(RESUMED_OPTION))
         except (TypeError, ValueError) as exc:
             link.close()
             raise ProtocolError(f"invalid WELCOME from {host}:{port}: {exc}") from None
@@ -1129,6 +1175,20 @@ class Client:
         publication (frames on one connection stay in order).
         """
         requests: list[tuple[int, Message]] = []
+        if link.resumed is not None:
+            # The session kept what it held while the connection was down: withdraw what
+            # this client dropped meanwhile and did not send this link (what it still holds
+            # is sent again below; a withdrawal still waiting to be sent will reach it).
+            held_advertisements, held_subscriptions = link.resumed
+            unsent = self._unsent_withdrawals
+            for adv_id in sorted(held_advertisements - self._advertisements.keys()):
+                if (Unadvertise, adv_id) not in unsent:
+                    rid = next(self._rids)
+                    requests.append((rid, Unadvertise(rid, adv_id)))
+            for sub_id in sorted(held_subscriptions - self._subscriptions.keys()):
+                if (Unsubscribe, sub_id) not in unsent:
+                    rid = next(self._rids)
+                    requests.append((rid, Unsubscribe(rid, sub_id)))
         for adv_id, flt in self._advertisements.items():
             rid = next(self._rids)
             requests.append((rid, Advertise(rid, adv_id, flt)))

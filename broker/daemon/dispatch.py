@@ -74,6 +74,7 @@ from broker.wire.protocol import (
     MARK_NOTICE,
     MARKS_OPTION,
     PROTOCOL_VERSION,
+    RESUMED_OPTION,
     Ack,
     Advertise,
     Error,
@@ -942,11 +943,20 @@ class Broker:
         }
         if self.vn_membership is not None and not conn.is_broker:
             options[membership.OP] = self.vn_membership
+        resumed = None
+        if not conn.is_broker and conn.peer_id is not None:
+            resumed = self.sessions.resume(conn.peer_id, conn.session)
+            if resumed is not None:
+                advertisements, subscriptions = self.router.held_keys(resumed[0])
+                options[RESUMED_OPTION] = {
+                    "advertisements": advertisements,
+                    "subscriptions": subscriptions,
+                }
         conn.send(Welcome(PROTOCOL_VERSION, self.config.id, options))
         if conn.is_broker:
             self.link_up(conn)
-        elif conn.peer_id is not None:
-            self.resume_session(conn, conn.peer_id)
+        elif resumed is not None:
+            self.resume_session(conn, *resumed)
 
     def attach_client(self, conn: Connection, client_id: str) -> None:
         old = self.clients.get(client_id)
@@ -1260,12 +1270,10 @@ class Broker:
         self.shares.resend_recent(hop)
         return True
 
-    def resume_session(self, conn: Connection, client_id: str) -> None:
-        """A client connected: if its session was parked here, ``conn`` carries it on."""
-        resumed = self.sessions.resume(client_id, conn.session)
-        if resumed is None:
-            return
-        hop, frames = resumed
+    def resume_session(self, conn: Connection, hop: Connection, frames: list[bytes]) -> None:
+        """A client connected and its session, parked here on ``hop``, resumed: ``conn``
+        carries it on, starting with the deliveries kept for it (its WELCOME listed what the
+        session holds, so the client withdraws what it dropped while away)."""
         self.stats.sessions_resumed += 1
         hop.parked = False
         hop.successor = conn

@@ -236,6 +236,13 @@ class Router(Generic[H]):
         state = self._hops.get(hop)
         return (0, 0) if state is None else (len(state.advertisements), len(state.subscriptions))
 
+    def held_keys(self, hop: H) -> tuple[list[str], list[str]]:
+        """The ids of the advertisements and of the subscriptions ``hop`` holds."""
+        state = self._hops.get(hop)
+        if state is None:
+            return [], []
+        return list(state.advertisements), list(state.subscriptions)
+
     def knows_subscription(self, hop: H, key: str) -> bool:
         state = self._hops.get(hop)
         return state is not None and key in state.subscriptions

@@ -64,6 +64,10 @@ reconfiguration round, and the client writes one to every replica of its edge VN
 point of its stream (once ``f + 1`` asked), so that they all switch tables there."""
 MARKS_OPTION = "marks"
 """HELLO option: the client answers ``NOTICE mark``."""
+RESUMED_OPTION = "resumed"
+"""WELCOME option, present when the connection resumed the client's parked session:
+``{"advertisements": [id, ...], "subscriptions": [id, ...]}`` the session still holds, so
+that a client withdraws what it dropped while its connection was down."""
 DEFAULT_MAX_FRAME = 1024 * 1024
 MAX_ID_LENGTH = 256
 MAX_ATTRS = 128

@@ -17,7 +17,15 @@ from broker.client import Client, Status
 from broker.errors import ConnectionLost, InvalidRequest, TrellisError, TrellisTimeout
 from broker.tools.launcher import BrokerProcess
 from broker.tools.local import LocalOverlay, free_ports
-from broker.wire.protocol import Deliver, MsgType, Notice
+from broker.wire.protocol import (
+    PROTOCOL_VERSION,
+    RESUMED_OPTION,
+    Deliver,
+    MsgType,
+    Notice,
+    Welcome,
+    encode,
+)
 from overlay.tree import broker_names, line_tree
 from tests.wire import RawPeer
 
@@ -53,6 +61,33 @@ async def test_connect_timeout_really_bounds_the_first_connect() -> None:
         await server.wait_closed()
     assert time.monotonic() - started < 2.0
     assert client.status is Status.DISCONNECTED
+
+
+@pytest.mark.parametrize(
+    "resumed",
+    ["junk", {"subscriptions": "s1"}, {"advertisements": [1, 2]}],
+    ids=["not-a-map", "not-a-list", "not-ids"],
+)
+async def test_a_welcome_with_a_malformed_resumed_session_is_refused_and_says_why(
+    resumed: object,
+) -> None:
+    async def welcome(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(4096)  # the HELLO
+        writer.write(encode(Welcome(PROTOCOL_VERSION, "b0", {RESUMED_OPTION: resumed})))
+        await writer.drain()
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(welcome, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = Client(f"127.0.0.1:{port}", connect_timeout=1)
+    try:
+        with pytest.raises(TrellisError, match=r"invalid WELCOME .*'resumed"):
+            await client.connect()
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import pytest
 
 from broker.client import Client, Subscription
-from broker.errors import TrellisTimeout
+from broker.errors import ConnectionLost, TrellisTimeout
 from broker.tools.local import LocalOverlay
 from overlay.tree import broker_names, line_tree
 from tests.system.test_overlay import metric
@@ -196,3 +196,66 @@ async def test_a_session_not_resumed_within_the_linger_ends_and_its_subscription
         await asyncio.sleep(1.0)
         assert await prt() == 0
     assert metric(overlay.metrics("b0"), "trellis_sessions_ended_total") == 1
+
+
+async def tables(overlay: LocalOverlay, broker: str) -> tuple[int, int]:
+    """(SRT, PRT) entries of one broker."""
+    health = await asyncio.to_thread(overlay.health)
+    return int(health[broker]["srt"]), int(health[broker]["prt"])
+
+
+async def test_what_a_client_withdrew_while_its_connection_was_down_goes_when_it_resumes(
+    run_overlay: Callable[..., LocalOverlay], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The resumed session kept the subscription and advertisement the client withdrew
+    while away (its frames died with the connection, or were never sent); the broker's
+    WELCOME lists what the session holds and the client withdraws the rest. A withdrawal
+    still waiting for the connection is sent once, not twice (a second would be refused)."""
+    names = broker_names(1)
+    overlay = run_overlay(line_tree(names))
+    (endpoint,) = overlay.endpoints("b0")
+    client = Client([endpoint], client_id="withdraws")
+    monkeypatch.setattr(client, "_backoff", lambda attempt: 0.5)
+    async with client, client.subscribe(FLT) as kept, client.subscribe("x > 1") as dropped:
+        await client.advertise(FLT, "adv-kept")
+        await client.advertise("x > 1", "adv-gone")
+        await client.advertise("x > 2", "adv-waiting")
+        assert await tables(overlay, "b0") == (3, 2)
+        link = client._links[0]
+        assert link.transport is not None
+        reset(link.transport)
+        # Frames written now die with the connection: the client no longer holds them.
+        await dropped.unsubscribe()
+        with pytest.raises(ConnectionLost):
+            await client.unadvertise("adv-gone")
+        await asyncio.wait_for(client.disconnected(), 5)
+        # This one waits for the connection to come back (the reconnection is held off a
+        # little so that it surely starts while the client is away).
+        waiting = asyncio.create_task(client.unadvertise("adv-waiting"))
+        await asyncio.wait_for(client.connected(), 10)
+        await asyncio.wait_for(waiting, 10)
+        assert await tables(overlay, "b0") == (1, 1)
+        assert kept.active
+    assert metric(overlay.metrics("b0"), "trellis_sessions_resumed_total") == 1
+
+
+async def test_a_replica_that_missed_an_unsubscribe_drops_it_when_the_session_resumes(
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    """Three edge replicas, the link to one reset: the unsubscribe reaches the other two (a
+    majority, so it succeeds at once) and the third drops it when the client resumes there."""
+    names = broker_names(1)
+    overlay = run_overlay(line_tree(names), replicas={"b0": 3})
+    client = Client(overlay.endpoints("b0"), client_id="withdraws-3")
+    async with client, client.subscribe(FLT), client.subscribe("x > 1") as dropped:
+        assert [(await tables(overlay, f"b0.{i}"))[1] for i in range(3)] == [2, 2, 2]
+        link = client._links[2]
+        assert link.transport is not None
+        reset(link.transport)
+        await asyncio.sleep(0.05)
+        await dropped.unsubscribe()
+        deadline = time.monotonic() + 10
+        while (prts := [(await tables(overlay, f"b0.{i}"))[1] for i in range(3)]) != [1, 1, 1]:
+            assert time.monotonic() < deadline, f"PRT entries per replica: {prts}"
+            await asyncio.sleep(0.1)
+    assert metric(overlay.metrics("b0.2"), "trellis_sessions_resumed_total") == 1
