@@ -28,7 +28,7 @@ import secrets
 import socket
 import ssl
 import uuid
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, defaultdict, deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -98,6 +98,11 @@ log = logging.getLogger("trellis.client")
 _FRAME_OVERHEAD = 64
 _KEY_MEMORY = 4096
 _CORK_LIMIT = 64 * 1024
+RECENT_PUBLICATION_BYTES = 2 * 1024 * 1024
+"""Bytes of the newest publications (``ack=False``) a client keeps per replica endpoint, to
+send again when its session there resumes after a lost connection: they may have died in
+the socket buffers. The broker routes each (publisher, seq) once, so the ones that did
+arrive are dropped there."""
 # NOTICE kind (both ways) and WELCOME option of a live membership change at the client's
 # edge VN (broker.daemon.membership)
 _MEMBERSHIP = "membership"
@@ -286,16 +291,33 @@ class _Link(asyncio.Protocol):
         self.can_write.set()
 
     def send(self, msg: Message) -> None:
-        """Queue a frame; frames queued in one loop iteration leave in one write."""
+        """Queue a frame; frames queued in one loop iteration leave in one write.
+
+        A publication without acknowledgement is also kept for a resumed session (kept even
+        when the connection is closing: it is then one that did not arrive)."""
+        data = encode(msg)
+        if type(msg) is Publish and not msg.rid:
+            self.client._recent_publications[self.index].keep(data)
         if self.transport is None or self.transport.is_closing():
             raise ConnectionLost("not connected to a broker")
         if not self.out:
             asyncio.get_running_loop().call_soon(self.flush)
-        data = encode(msg)
         self.out.append(data)
         self.out_bytes += len(data)
         if self.out_bytes > _CORK_LIMIT:
             # A producer that never yields must still meet the transport's flow control.
+            self.flush()
+
+    def send_raw(self, data: bytes) -> None:
+        """Queue an encoded frame (a kept publication sent again: kept again too)."""
+        self.client._recent_publications[self.index].keep(data)
+        if self.transport is None or self.transport.is_closing():
+            raise ConnectionLost("not connected to a broker")
+        if not self.out:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self.out.append(data)
+        self.out_bytes += len(data)
+        if self.out_bytes > _CORK_LIMIT:
             self.flush()
 
     def close(self) -> None:
@@ -307,6 +329,29 @@ class _Link(asyncio.Protocol):
             self.transport.write(b"".join(self.out))
         self.out.clear()
         self.out_bytes = 0
+
+
+class _RecentPublications:
+    """The newest publication frames sent to one endpoint, within a byte budget."""
+
+    __slots__ = ("frames", "size")
+
+    def __init__(self) -> None:
+        self.frames: deque[bytes] = deque()
+        self.size = 0
+
+    def keep(self, frame: bytes) -> None:
+        frames = self.frames
+        frames.append(frame)
+        self.size += len(frame)
+        while self.size > RECENT_PUBLICATION_BYTES:
+            self.size -= len(frames.popleft())
+
+    def take(self) -> list[bytes]:
+        frames = list(self.frames)
+        self.frames.clear()
+        self.size = 0
+        return frames
 
 
 class Subscription:
@@ -627,6 +672,11 @@ class Client:
         # Withdrawals (Unadvertise, Unsubscribe) waiting for a majority of links before
         # they are sent: they will reach a link being restored, which need not send them.
         self._unsent_withdrawals: Counter[tuple[type, str]] = Counter()
+        # Per endpoint: publications sent without acknowledgement, sent again when a
+        # session there resumes (see RECENT_PUBLICATION_BYTES).
+        self._recent_publications: defaultdict[int, _RecentPublications] = defaultdict(
+            _RecentPublications
+        )
         self._connected = asyncio.Event()
         self._disconnected = asyncio.Event()
         self._disconnected.set()
@@ -660,6 +710,9 @@ class Client:
         self._epoch: EpochKey | None = None
         # confidential publications of this pass (ack=False), signed together at its end
         self._unsigned: list[tuple[int, dict[str, Value], Unsigned]] = []
+        # The links they were handed to (one lost before the pass ends still gets them:
+        # it keeps them for its session to resume with).
+        self._unsigned_links: dict[int, _Link] = {}
         self.copy_patience = copy_patience
         # The publishing session, kept across reconnects: a broker refuses a new session's
         # publication numbered into an earlier session's seqs (a restart without first_seq).
@@ -896,15 +949,19 @@ class Client:
         if ack:
             await self._request(lambda rid: Publish(rid, seq, attrs, payload))
             return seq
+        # A link found closing here (its loss not handled yet) keeps the publication for
+        # its session to resume with, and does not stop the others.
         links = self._links
         if len(links) == 1 and self._status is Status.CONNECTED:
             (link,) = links.values()
             if link.can_write.is_set():
-                link.send(Publish(0, seq, attrs, payload))
+                with contextlib.suppress(ConnectionLost):
+                    link.send(Publish(0, seq, attrs, payload))
                 return seq
         msg = Publish(0, seq, attrs, payload)
         for link in await self._writable_links():
-            link.send(msg)
+            with contextlib.suppress(ConnectionLost):
+                link.send(msg)
         return seq
 
     async def _publish_confidential(
@@ -914,7 +971,9 @@ class Client:
             await self._wait_connected()
         assert self.vn is not None
         if not ack:
-            await self._writable_links()  # flow control before queueing, as for plain
+            # flow control before queueing, as for plain
+            for link in await self._writable_links():
+                self._unsigned_links.setdefault(link.index, link)
         epoch = self._epoch
         if epoch is None or epoch.expired(self.key_refresh, self.key_refresh_seconds):
             epoch = self._epoch = EpochKey.start(self.signer, seq, self.vn, self.vn_size)
@@ -953,10 +1012,11 @@ class Client:
     def _sign_pending(self) -> None:
         """Sign the confidential publications queued in this pass and send them, in order."""
         pending, self._unsigned = self._unsigned, []
+        handed, self._unsigned_links = self._unsigned_links, {}
         if not pending:
             return
         secs = sign_pass(self.signer, [unsigned for _, _, unsigned in pending])
-        links = list(self._links.values())
+        links = list({**handed, **self._links}.values())
         for (seq, attrs, unsigned), sec in zip(pending, secs, strict=True):
             for link in links:
                 with contextlib.suppress(ConnectionLost):
@@ -1195,12 +1255,18 @@ class Client:
         for sub in self._subscriptions.values():
             rid = next(self._rids)
             requests.append((rid, Subscribe(rid, sub.id, sub.filter)))
+        recent = self._recent_publications[link.index].take()
         pendings = []
         try:
             for rid, msg in requests:
                 pending = self._pending[rid] = _Pending(1, {link.index})
                 pendings.append((rid, pending))
                 link.send(msg)
+            if link.resumed is not None:
+                # Publications sent just before the connection was lost, in order and
+                # before any new one (the broker drops those it had routed already).
+                for frame in recent:
+                    link.send_raw(frame)
             self._joining[link.index] = link
             async with asyncio.timeout(self.request_timeout):
                 for _, pending in pendings:

@@ -1296,9 +1296,14 @@ class Broker:
         """A local client's publication: route it, then acknowledge or refuse it."""
         assert source.peer_id is not None
         source.published = True
-        problem = self.stale_session(source, msg.seq) or self.forwarder.publish(
-            source.session_hop, source.peer_id, msg
-        )
+        problem = self.stale_session(source, msg.seq)
+        if problem is None and self.published_before(source, msg.seq):
+            # Sent again by a client whose session resumed (it may have died with the lost
+            # connection): routed once.
+            if msg.rid:
+                source.send(Ack(msg.rid))
+            return
+        problem = problem or self.forwarder.publish(source.session_hop, source.peer_id, msg)
         if problem is not None:
             source.reject(msg.rid, problem)
             return
@@ -1321,6 +1326,16 @@ class Broker:
             "in an earlier session, and subscribers deduplicate by (publisher, seq); a "
             "publisher that restarts under the same client id must continue its numbering "
             f"past {known[1]} (Client(first_seq=...), trellis pub --first-seq)"
+        )
+
+    def published_before(self, source: Connection, seq: int) -> bool:
+        """Whether this broker already routed publication ``seq`` of ``source``'s session."""
+        known = self.publisher_sessions.get(source.peer_id or "")
+        return (
+            known is not None
+            and known[0] == source.session
+            and seq <= known[1]
+            and not self.forwarder.seen.fresh(source.peer_id or "", seq)
         )
 
     def note_published(self, publisher: str, session: str, seq: int) -> None:

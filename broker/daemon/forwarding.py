@@ -129,6 +129,7 @@ class Forwarder:
     def publish(self, source: Hop, client_id: str, msg: Publish) -> InvalidRequest | None:
         """A local client's publication; returns why it is refused, or None once routed."""
         self.stats.publications_in += 1
+        seen = self.seen
         if not self.router.is_advertised(source, msg.attrs):
             return InvalidRequest(
                 f"PUBLISH seq {msg.seq}: the publication matches none of this client's "
@@ -136,11 +137,13 @@ class Forwarder:
             )
         sec = msg.sec
         if sec is None:
+            seen.mark(client_id, msg.seq)
             self.route(source, client_id, msg.seq, msg.attrs, msg.payload, sender=client_id)
             return None
         problem = self.shares.check_publish(client_id, msg)
         if problem:
             return InvalidRequest(f"PUBLISH seq {msg.seq}: {problem}")
+        seen.mark(client_id, msg.seq)
         self.route(
             source,
             client_id,

@@ -52,11 +52,16 @@ async def read(sub: Subscription, count: int) -> list[tuple[int, bytes]]:
 
 
 async def stream_with_resets(
-    overlay: LocalOverlay, resets: list[int], *, confidential_every: int = 0
+    overlay: LocalOverlay,
+    resets: list[int],
+    *,
+    confidential_every: int = 0,
+    publisher_side: bool = False,
 ) -> tuple[list[int], list[tuple[int, bytes]], dict[int, bytes]]:
     """Publish COUNT publications at ~300/s from the first VN; a third of the way in,
-    reset the subscriber's connections to the last VN's replicas ``resets``. Returns the
-    seqs sent, what the subscriber got, and the payload of every seq."""
+    reset the subscriber's connections to the last VN's replicas ``resets`` (the
+    publisher's to the first VN's, ``publisher_side``). Returns the seqs sent, what the
+    subscriber got, and the payload of every seq."""
     vns = sorted(overlay.tree.brokers)
     pub = Client(overlay.endpoints(vns[0]), client_id="resume-pub")
     sub_client = Client(
@@ -71,7 +76,7 @@ async def stream_with_resets(
         for i in range(COUNT):
             if i == COUNT // 3:
                 for index in resets:
-                    link = sub_client._links.get(index)
+                    link = (pub if publisher_side else sub_client)._links.get(index)
                     assert link is not None
                     assert link.transport is not None
                     reset(link.transport)
@@ -113,12 +118,27 @@ async def test_a_subscriber_whose_links_to_two_of_three_replicas_reset_loses_not
     assert resumed == [1.0, 1.0]
 
 
-async def test_a_subscriber_of_a_single_broker_loses_nothing_over_a_reset(
-    run_overlay: Callable[..., LocalOverlay],
+@pytest.mark.parametrize("confidential_every", [3, 1], ids=["mixed", "confidential"])
+async def test_a_publisher_whose_links_to_two_of_three_replicas_reset_loses_nothing(
+    run_overlay: Callable[..., LocalOverlay], confidential_every: int
+) -> None:
+    """What the publisher wrote into the two lost connections died in their socket buffers:
+    one replica's copies are not f + 1 downstream, so the publisher must send it again."""
+    names = broker_names(2)
+    overlay = run_overlay(line_tree(names), replicas=dict.fromkeys(names, 3))
+    sent, got, payloads = await stream_with_resets(
+        overlay, [0, 1], confidential_every=confidential_every, publisher_side=True
+    )
+    assert_exact(sent, got, payloads)
+
+
+@pytest.mark.parametrize("publisher_side", [False, True], ids=["subscriber", "publisher"])
+async def test_a_client_of_a_single_broker_loses_nothing_over_a_reset(
+    run_overlay: Callable[..., LocalOverlay], publisher_side: bool
 ) -> None:
     names = broker_names(2)
     overlay = run_overlay(line_tree(names))
-    sent, got, payloads = await stream_with_resets(overlay, [0])
+    sent, got, payloads = await stream_with_resets(overlay, [0], publisher_side=publisher_side)
     assert_exact(sent, got, payloads)
 
 

@@ -11,7 +11,20 @@ from broker.client import Client
 from broker.errors import InvalidRequest
 from broker.language.grammar import parse_filter
 from broker.tools.launcher import BrokerProcess
+from broker.wire.protocol import (
+    PROTOCOL_VERSION,
+    Ack,
+    Advertise,
+    Deliver,
+    Hello,
+    Publish,
+    Role,
+    Subscribe,
+    Welcome,
+    encode,
+)
 from tests.support import drain
+from tests.wire import RawPeer
 
 PUBLICATIONS = [
     {"class": "stock", "symbol": "ACME", "price": 10, "venue": "NYSE", "open": True},
@@ -141,3 +154,38 @@ async def test_client_restores_subscriptions_after_broker_restart(run_broker) ->
             await pc.publish({"class": "x", "n": 1})
             got = await sub.get(5)
         assert got.attrs == {"class": "x", "n": 1}
+
+
+async def test_a_publication_sent_again_in_its_session_is_acknowledged_and_routed_once(
+    broker: BrokerProcess,
+) -> None:
+    """A client whose session resumed sends its last publications again (they may have died
+    with the lost connection): the broker acknowledges them but routes each seq of the
+    session once."""
+    flt = parse_filter("class = 'again'")
+    subscriber = await RawPeer.connect(broker.endpoint)
+    publisher = await RawPeer.connect(broker.endpoint)
+    try:
+        assert isinstance(await subscriber.hello("again-sub"), Welcome)
+        await subscriber.send_bytes(encode(Subscribe(1, "s", flt)))
+        assert await subscriber.receive() == Ack(1)
+        await publisher.send_bytes(
+            encode(Hello(PROTOCOL_VERSION, Role.CLIENT, "again-pub", {"session": "one"}))
+        )
+        assert isinstance(await publisher.receive(), Welcome)
+        await publisher.send_bytes(encode(Advertise(1, "a", flt)))
+        assert await publisher.receive() == Ack(1)
+        for rid, seq in [(2, 1), (3, 1), (4, 2), (5, 1), (6, 2), (7, 3)]:
+            await publisher.send_bytes(encode(Publish(rid, seq, {"class": "again"}, b"x")))
+        assert [await publisher.receive() for _ in range(6)] == [Ack(r) for r in range(2, 8)]
+        seqs = []
+        while len(seqs) < 3:
+            msg = await subscriber.receive()
+            assert isinstance(msg, Deliver)
+            seqs.append(msg.seq)
+        with pytest.raises(TimeoutError):
+            await subscriber.receive(timeout=0.3)
+        assert seqs == [1, 2, 3]
+    finally:
+        await subscriber.close()
+        await publisher.close()
