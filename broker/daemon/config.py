@@ -1,8 +1,10 @@
 """Broker configuration: one TOML file, validated strictly, overridable from the environment.
 
 Precedence (later wins): defaults < config file < ``TRELLIS_<FIELD>`` environment variables
-< command-line shortcuts. A typo in the file is an error naming the key and the file,
-never silently ignored (``extra="forbid"``).
+(JSON for a list or a table; ``TRELLIS_<TABLE>_<KEY>`` for one key of a table) < command-line
+shortcuts. A typo in the file is an error naming the key and the file, never silently ignored
+(``extra="forbid"``). Relative paths in the file are relative to the file's directory; the
+files a broker reads at start (manifest, key, TLS) are checked when the config loads.
 """
 
 from __future__ import annotations
@@ -10,10 +12,11 @@ from __future__ import annotations
 import json
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, get_args, get_origin
 
+import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -23,9 +26,13 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails
 
 from broker.errors import TrellisError
 from broker.wire.protocol import DEFAULT_MAX_FRAME
+from overlay.manifest import Manifest
+from security.envelope import private_key_from_bytes
 
 ENV_PREFIX = "TRELLIS_"
 
@@ -46,6 +53,14 @@ class NeighbourConfig(BaseModel):
     vn: str | None = Field(None, description="its virtual node (default: its own id)")
     replica: int = Field(0, ge=0, description="its index among its VN's replicas")
     vn_size: int = Field(1, ge=1, le=64, description="number of replicas of its VN")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _port_in_range(cls, value: str) -> str:
+        port = int(value.rpartition(":")[2])
+        if not 1 <= port <= 65535:
+            raise ValueError(f"{value!r}: port {port} is not 1 to 65535")
+        return value
 
     @property
     def vn_id(self) -> str:
@@ -232,19 +247,6 @@ class BrokerConfig(BaseModel):
         default_factory=TrafficLogConfig, description="traffic logs for analytics"
     )
 
-    @field_validator("traffic_log", mode="before")
-    @classmethod
-    def _traffic_log_from_text(cls, value: Any) -> Any:
-        """``TRELLIS_TRAFFIC_LOG``: a JSON table, ``off``, or the directory itself."""
-        if not isinstance(value, str):
-            return value
-        text = value.strip()
-        if text.startswith("{"):
-            return json.loads(text)
-        if text.lower() in ("off", "false", "no", "0"):
-            return {"enabled": False}
-        return {"dir": text}
-
     covering: bool = Field(True, description="suppress forwarding of covered subscriptions")
     vn: str | None = Field(None, description="this broker's virtual node (default: its id)")
     replica: int = Field(0, ge=0, description="this broker's index among its VN's replicas")
@@ -252,10 +254,10 @@ class BrokerConfig(BaseModel):
     byzantine: Literal[ByzantineMode, "none"] = Field(
         "none", description="fault injection for tests and demos: misbehave as named"
     )
-    manifest: Path | None = Field(
+    manifest: FilePath | None = Field(
         None, description="overlay manifest (VN members and public keys) for confidential traffic"
     )
-    key_file: Path | None = Field(None, description="this broker's Ed25519 private key (hex)")
+    key_file: FilePath | None = Field(None, description="this broker's Ed25519 private key (hex)")
     topic_trust: Path | None = Field(
         None,
         description="trusted TDNs file: turns on secured topics (broker/daemon/topic_guard.py)",
@@ -286,6 +288,39 @@ class BrokerConfig(BaseModel):
         5.0, gt=0, description="seconds a TLS handshake may take before the connection is closed"
     )
 
+    @field_validator("manifest")
+    @classmethod
+    def _manifest_readable(cls, value: Path | None) -> Path | None:
+        return _readable(value, Manifest.load, "not a valid overlay manifest")
+
+    @field_validator("key_file")
+    @classmethod
+    def _key_readable(cls, value: Path | None) -> Path | None:
+        return _readable(value, _load_key, "not an Ed25519 private key (64 hex digits)")
+
+    @field_validator("ready_file")
+    @classmethod
+    def _directory_exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.parent.is_dir():
+            raise ValueError(f"{value}: its directory {value.parent} does not exist")
+        return value
+
+    @model_validator(mode="after")
+    def _coherent(self) -> BrokerConfig:
+        if self.replica >= self.vn_size:
+            raise ValueError(
+                f"replica = {self.replica} with vn_size = {self.vn_size}: a VN's replicas are "
+                "numbered 0 to vn_size - 1"
+            )
+        for key in ("neighbours", "peers"):
+            ids = [n.id for n in getattr(self, key)]
+            if self.id in ids:
+                raise ValueError(f"{key} lists {self.id!r}, this broker's own id")
+            twice = sorted({i for i in ids if ids.count(i) > 1})
+            if twice:
+                raise ValueError(f"{key} lists {twice[0]!r} twice")
+        return self
+
     @model_validator(mode="after")
     def _tls_complete(self) -> BrokerConfig:
         given = {"tls_cert": self.tls_cert, "tls_key": self.tls_key, "tls_ca": self.tls_ca}
@@ -303,9 +338,163 @@ class BrokerConfig(BaseModel):
         return self.tls_cert is not None
 
 
+def _readable(path: Path | None, load: Callable[[Path], object], what: str) -> Path | None:
+    """``path`` once ``load`` reads it; else the reason, naming the file."""
+    if path is not None:
+        try:
+            load(path)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path}: {what} ({exc})") from None
+    return path
+
+
+def _load_key(path: Path) -> object:
+    return private_key_from_bytes(bytes.fromhex(path.read_text(encoding="utf-8").strip()))
+
+
 def vn_of(config: BrokerConfig) -> str:
     """The virtual node a broker belongs to (a plain broker is a VN of one)."""
     return config.vn or config.id
+
+
+def beside(config_file: str | Path, value: str | Path) -> Path:
+    """A path written in a config file: a relative one is relative to the file's directory."""
+    path = Path(value)
+    return path if path.is_absolute() else Path(config_file).absolute().parent / path
+
+
+def config_paths(model: BaseModel, prefix: str = "") -> dict[str, Path]:
+    """Every file or directory a config names, by key (``table.key`` inside a table)."""
+    found: dict[str, Path] = {}
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            found.update(config_paths(value, f"{prefix}{name}."))
+        elif isinstance(value, Path):
+            found[prefix + name] = value
+    return found
+
+
+def _table(field: FieldInfo) -> type[BaseModel] | None:
+    """The model of a key that is a table (``reconfig``, ``traffic_log``), else None."""
+    kind = field.annotation
+    return kind if isinstance(kind, type) and issubclass(kind, BaseModel) else None
+
+
+def _is_path(annotation: Any) -> bool:
+    return annotation is Path or any(_is_path(arg) for arg in get_args(annotation))
+
+
+def _paths_beside(
+    model: type[BaseModel], data: Mapping[str, Any], config_file: Path
+) -> dict[str, Any]:
+    """A file's ``data`` for ``model``, its relative paths made relative to ``config_file``."""
+    out = dict(data)
+    for name, value in data.items():
+        field = model.model_fields.get(name)
+        table = None if field is None else _table(field)
+        if table is not None and isinstance(value, Mapping):
+            out[name] = _paths_beside(table, value, config_file)
+        elif field is not None and isinstance(value, str) and _is_path(field.annotation):
+            out[name] = str(beside(config_file, value))
+    return out
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    """A config file's keys (those under ``[broker]`` / ``broker:`` at the top level), paths
+    made absolute. TOML, or YAML when the name ends in ``.yaml`` or ``.yml``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    if path.suffix.lower() in (".yaml", ".yml"):
+        try:
+            # safe_load: plain data only (no tags that build Python objects)
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: a YAML config must be a mapping of keys to values")
+        data: dict[str, Any] = loaded
+    else:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    if isinstance(data.get("broker"), dict):
+        data = {**{k: v for k, v in data.items() if k != "broker"}, **data["broker"]}
+    return _paths_beside(BrokerConfig, data, path)
+
+
+def _from_text(name: str, field: FieldInfo, text: str) -> Any:
+    """An environment variable's value for key ``name``: a list or a table is JSON text
+    (``TRELLIS_TRAFFIC_LOG`` may also be ``off`` or the directory itself)."""
+    if name == "traffic_log" and not text.lstrip().startswith("{"):
+        off = text.strip().lower() in ("off", "false", "no", "0")
+        return {"enabled": False} if off else {"dir": text.strip()}
+    if _table(field) is None and get_origin(field.annotation) is not tuple:
+        return text
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"not valid JSON ({exc})") from None
+
+
+def is_config_override(variable: str) -> bool:
+    """Whether a broker reads environment variable ``variable`` as a config override
+    (``TRELLIS_<KEY>``, or ``TRELLIS_<TABLE>_<KEY>`` for a table such as ``reconfig``)."""
+    for name, field in BrokerConfig.model_fields.items():
+        key = ENV_PREFIX + name.upper()
+        if variable == key or (_table(field) is not None and variable.startswith(key + "_")):
+            return True
+    return False
+
+
+def _from_environment(
+    env: Mapping[str, str], data: dict[str, Any], origin: dict[str, str]
+) -> list[str]:
+    """Apply ``TRELLIS_<KEY>`` and ``TRELLIS_<TABLE>_<KEY>`` to ``data``; the problems found."""
+    problems = []
+    for name, field in BrokerConfig.model_fields.items():
+        key = ENV_PREFIX + name.upper()
+        where = f"environment variable {key}"
+        if key in env:
+            try:
+                data[name] = _from_text(name, field, env[key])
+            except ValueError as exc:
+                problems.append(f"{name} ({where}): {exc}")
+            origin[name] = where
+        table = _table(field)
+        if table is None:
+            continue
+        for var in sorted(v for v in env if v.startswith(key + "_")):
+            sub = var[len(key) + 1 :].lower()
+            if sub not in table.model_fields:
+                keys = ", ".join(table.model_fields)
+                problems.append(f"{var}: {name} has no key {sub!r} (its keys: {keys})")
+                continue
+            if isinstance(data.setdefault(name, {}), dict):
+                data[name] = {**data[name], sub: env[var]}
+            origin[f"{name}.{sub}"] = f"environment variable {var}"
+    return problems
+
+
+def _problem(err: ErrorDetails, origin: Mapping[str, str], source: str) -> str:
+    """One validation error: the key, where its value came from, what is wrong."""
+    detail = err["msg"]
+    if err["type"] == "value_error":  # our own message, without pydantic's "Value error, "
+        detail = str(err.get("ctx", {}).get("error", detail))
+    if err["type"].startswith("path_"):  # the path as resolved
+        detail += f": {err['input']}"
+    loc = [str(part) for part in err["loc"]]
+    if not loc:  # a check across keys: its message names them
+        return detail
+    # the innermost key whose value came from somewhere known (reconfig.interval, reconfig)
+    keys = (".".join(loc[:depth]) for depth in range(len(loc), 0, -1))
+    where = next((origin[key] for key in keys if key in origin), source)
+    return f"{'.'.join(loc)} ({where}): {detail}"
 
 
 def load_config(
@@ -316,41 +505,26 @@ def load_config(
     """Read, merge and validate a broker configuration.
 
     Args:
-        path: a TOML file, or None for defaults only.
+        path: a TOML file, or None for defaults only. Relative paths in it are relative to
+            its directory.
         overrides: values from the command line, applied last (None values are skipped).
         environ: the environment to read ``TRELLIS_*`` from (default ``os.environ``).
 
     Raises:
-        ConfigError: the file is missing or unparsable, or a value is invalid.
+        ConfigError: the file is missing or unparsable, or a value is invalid (a file it
+            names included: missing, or not what the key needs).
     """
     source = str(path) if path else "<defaults>"
-    data: dict[str, Any] = {}
-    if path:
-        try:
-            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"{source}: no such config file") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{source}: not valid TOML: {exc}") from None
-    if isinstance(data.get("broker"), dict):
-        data = {**{k: v for k, v in data.items() if k != "broker"}, **data["broker"]}
-    env = os.environ if environ is None else environ
+    data = _read_file(Path(path)) if path else {}
     origin = dict.fromkeys(data, source)
-    for name in BrokerConfig.model_fields:
-        key = ENV_PREFIX + name.upper()
-        if key in env:
-            data[name] = env[key]
-            origin[name] = f"environment variable {key}"
+    problems = _from_environment(os.environ if environ is None else environ, data, origin)
     for name, value in (overrides or {}).items():
         if value is not None:
             data[name] = value
             origin[name] = "command line"
-    try:
-        return BrokerConfig.model_validate(data)
-    except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            field = ".".join(str(p) for p in err["loc"]) or "<root>"
-            where = origin.get(str(err["loc"][0]) if err["loc"] else "", source)
-            problems.append(f"{field} ({where}): {err['msg']}")
-        raise ConfigError(f"invalid broker config in {source}: " + "; ".join(problems)) from None
+    if not problems:
+        try:
+            return BrokerConfig.model_validate(data)
+        except ValidationError as exc:
+            problems = [_problem(err, origin, source) for err in exc.errors()]
+    raise ConfigError(f"invalid broker config in {source}: " + "; ".join(problems))

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from broker.daemon.config import beside
 from broker.errors import (
     ConnectionLost,
     InvalidRequest,
@@ -152,10 +153,6 @@ class TdnConfig:
             if not isinstance(table.get(key), str) or not table[key]:
                 raise InvalidRequest(f"{where}: [tdn] {key} is required (a string)")
 
-        def local(name: str) -> Path:
-            p = Path(table[name])
-            return p if p.is_absolute() else where.parent / p
-
         try:
             max_skew = float(table.get("max_skew", 300.0))
             max_results = int(table.get("max_results", 1000))
@@ -164,13 +161,13 @@ class TdnConfig:
         ready = ready_file or table.get("ready_file")
         return cls(
             endpoints=[e.strip() for e in table["endpoint"].split(",") if e.strip()],
-            identity=local("identity"),
-            trusted=local("trusted"),
+            identity=beside(where, table["identity"]),
+            trusted=beside(where, table["trusted"]),
             id=table.get("id"),
             max_skew=max_skew,
             max_results=max_results,
             ready_file=Path(ready) if ready else None,
-            certificate=local("certificate") if table.get("certificate") else None,
+            certificate=beside(where, table["certificate"]) if table.get("certificate") else None,
         )
 
 
