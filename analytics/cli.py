@@ -13,7 +13,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from analytics.job import add_arguments, run_cli
+from analytics.job import add_arguments, log_directory, run_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,14 +21,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trellis analytics", description="traffic-log analytics on Spark (SPEC §7)"
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = sub.add_parser(
         "run",
         help="compute traffic classes, local views, failures and trust feedback per window",
     )
     add_arguments(run)
     export = sub.add_parser("export", help="print traffic logs as JSON Lines (flat records)")
-    export.add_argument("--logs", required=True, help="traffic-log directory (searched deeply)")
+    export.add_argument(
+        "--logs", type=log_directory, required=True, help="traffic-log directory (searched deeply)"
+    )
     return parser
 
 

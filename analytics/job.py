@@ -619,28 +619,61 @@ def shuffle_partitions(records: int, most: int, least: int) -> int:
 
 
 def parse_seconds(text: str) -> float:
-    """``60``, ``60s``, ``5m``, ``1h`` → seconds."""
+    """``60``, ``60s``, ``5m``, ``1h`` → seconds.
+
+    Raises:
+        argparse.ArgumentTypeError: not such a duration, or not greater than 0.
+    """
     units = {"s": 1.0, "m": 60.0, "h": 3600.0}
     text = text.strip()
     scale = units.get(text[-1:])
-    value = float(text[:-1] if scale else text) * (scale or 1.0)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"a window must be positive: {text!r}")
+    try:
+        value = float(text[:-1] if scale else text) * (scale or 1.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration such as 60, 60s, 5m or 1h, got {text!r}"
+        ) from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
     return value
+
+
+def log_directory(text: str) -> str:
+    """``--logs``: a directory that exists (or a single log file).
+
+    Raises:
+        argparse.ArgumentTypeError: nothing there.
+    """
+    if not Path(text).exists():
+        raise argparse.ArgumentTypeError(f"no such log directory: {text!r}")
+    return text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The job's options (shared by ``trellis analytics run`` and ``python -m``)."""
-    parser.add_argument("--logs", required=True, help="traffic-log directory (searched deeply)")
+    parser.add_argument(
+        "--logs",
+        type=log_directory,
+        required=True,
+        help="traffic-log directory (searched deeply)",
+    )
     parser.add_argument("--out", required=True, help="output directory (Parquet + summary.json)")
     parser.add_argument(
-        "--window", type=parse_seconds, default=60.0, help="Δt, e.g. 60s, 5m (default 60s)"
+        "--window",
+        type=parse_seconds,
+        default=60.0,
+        metavar="DURATION",
+        help="Δt, e.g. 60s, 5m (default: 60s)",
     )
     parser.add_argument(
-        "--timely", type=parse_seconds, default=1.0, help="a copy later than this is not timely"
+        "--timely",
+        type=parse_seconds,
+        default=1.0,
+        metavar="DURATION",
+        help="a copy later than this is not timely (default: 1s)",
     )
     parser.add_argument(
-        "--master", default=None, help="Spark master (default local[*]; spark://HOST:7077)"
+        "--master", default=None, help="Spark master, e.g. spark://HOST:7077 (default: local[*])"
     )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -683,9 +716,6 @@ def run_cli(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"[{time.monotonic() - started:6.1f} s] {msg}", file=sys.stderr, flush=True)
 
-    if not Path(args.logs).exists():
-        print(f"analytics: no such log directory: {args.logs}", file=sys.stderr)
-        return 2
     progress("compacting logs and starting Spark" + (f" ({args.master})" if args.master else ""))
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(compact, args.logs, Path(args.out) / INPUT_DIR)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from urllib.parse import quote
 
 __all__ = ["add_ca_parser"]
 
@@ -29,6 +30,8 @@ def cmd_ca_issue(args: argparse.Namespace) -> int:
     from security.ca import Role, issue, load_ca, load_private_key, write_issued
 
     ca = load_ca(Path(args.ca))
+    if not args.force:
+        _refuse_to_replace(Path(args.out), args.name)
     key = load_private_key(Path(args.key)) if args.key else None
     role: Role = "client" if args.client else "tdn" if args.tdn else "broker"
     issued = issue(
@@ -40,6 +43,18 @@ def cmd_ca_issue(args: argparse.Namespace) -> int:
     print(f"{role} certificate for '{args.name}': {cert_path}, key {key_path}")
     print(f"  names: {' '.join(names)}; valid until {issued.cert.not_valid_after_utc:%Y-%m-%d}")
     return 0
+
+
+def _refuse_to_replace(out: Path, name: str) -> None:
+    """Refuse to write over NAME's certificate or key in ``out`` (as ``write_issued``
+    names them): the key they replace would be gone for good."""
+    stem = quote(name, safe="")
+    held = [p.name for p in (out / f"{stem}.crt", out / f"{stem}.key") if p.exists()]
+    if held:
+        raise ValueError(
+            f"{out} already holds {' and '.join(held)} for {name!r}; refusing to overwrite "
+            f"(--force replaces them)"
+        )
 
 
 def _days(text: str) -> int:
@@ -108,4 +123,9 @@ def add_ca_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     iss.add_argument("--days", type=_days, default=825, help="validity (default: %(default)s)")
     iss.add_argument("--out", required=True, help="where NAME.crt, NAME.key and ca.crt go")
+    iss.add_argument(
+        "--force",
+        action="store_true",
+        help="overwrite NAME.crt and NAME.key already in --out (default: refuse)",
+    )
     iss.set_defaults(func=cmd_ca_issue)

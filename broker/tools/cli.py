@@ -75,7 +75,7 @@ def _terminate_as_interrupt() -> None:
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
-    from broker.daemon.config import load_config
+    from broker.daemon.config import config_paths, load_config
     from broker.daemon.server import run
 
     overrides = {
@@ -91,18 +91,36 @@ def cmd_broker(args: argparse.Namespace) -> int:
     try:
         run(config)
     except OSError as exc:
-        raise TrellisError(_listen_error(exc, config.host, config.port)) from None
+        if exc.filename is None:  # binding the listener (or the admin endpoint)
+            raise TrellisError(_listen_error(exc, config.host, config.port)) from None
+        raise TrellisError(_file_error(exc, config_paths(config))) from None
     return 0
+
+
+def _file_error(exc: OSError, paths: dict[str, Path]) -> str:
+    """One line for a file a broker cannot use: the config key that names it, and why."""
+    names = [str(name) for name in (exc.filename, exc.filename2) if name is not None]
+    reason = exc.strerror or str(exc)
+    for key, path in paths.items():
+        for name in names:
+            if name == str(path) or name.startswith(f"{path}."):  # the file, or its temporary
+                return f"{key} = {path}: {reason}"
+            if name.startswith(f"{path}/"):
+                return f"{key} = {path}: {reason}: {name}"
+    return f"{names[0]}: {reason}"
 
 
 def _listen_error(exc: OSError, host: str, port: int) -> str:
     """One line for a broker that cannot listen: which address and what to do."""
     found = re.search(r"\('([^']*)', (\d+)\)", str(exc))
     where = f"{found.group(1)}:{found.group(2)}" if found else f"{host}:{port}"
+    # The broker listens on ``port`` and on its admin port: an address that is not the
+    # first is the second.
+    flag = "--port" if found is None or int(found.group(2)) == port else "--admin-port"
     if exc.errno == errno.EADDRINUSE:
         return (
             f"cannot listen on {where}: the address is already in use; stop what holds it or "
-            f"choose another port with --port (0 picks a free one)"
+            f"choose another port with {flag} (0 picks a free one)"
         )
     if exc.errno == errno.EADDRNOTAVAIL:
         return f"cannot listen on {where}: no such local address; check --host"
@@ -595,7 +613,14 @@ def cmd_reconfig(args: argparse.Namespace) -> int:
         if args.rounds is not None and rounds >= args.rounds:
             return 0
         if deadline is not None and time.monotonic() > deadline:
-            return 0
+            if args.rounds is None:
+                return 0
+            print(
+                f"trellis reconfig: {rounds} of {args.rounds} rounds ran before the timeout "
+                f"({args.timeout:g} s)",
+                file=sys.stderr,
+            )
+            return 1
         time.sleep(args.every)
 
 
@@ -664,6 +689,24 @@ def _non_negative(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
     return value
+
+
+class _FaultModes(argparse._AppendAction):
+    """``up --byzantine``, whose help lists the brokers' fault modes: read from the broker
+    config when the help is shown, as importing it (pydantic) costs every command 0.4 s."""
+
+    @property
+    def help(self) -> str:
+        from broker.daemon.config import BYZANTINE_MODES
+
+        return (
+            f"fault injection, MODE one of: {', '.join(BYZANTINE_MODES)} "
+            "(repeatable; default: none)"
+        )
+
+    @help.setter
+    def help(self, _value: str | None) -> None:
+        """argparse sets it; the property says it."""
 
 
 class _Version(argparse.Action):
@@ -793,10 +836,9 @@ def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--byzantine",
-        action="append",
+        action=_FaultModes,
         default=[],
         metavar="BROKER=MODE",
-        help="fault injection: drop, corrupt, equivocate or collude (repeatable; default: none)",
     )
     p.add_argument(
         "--topology",
@@ -925,9 +967,11 @@ def add_analytics_parser(
     """``trellis analytics ...``: runs ``python -m analytics.cli`` with the same arguments, so
     that no other command loads PySpark (and the tools layer does not import analytics)."""
     p = subparsers.add_parser(
-        "analytics", help="traffic-log analytics on Spark: trellis analytics run --logs DIR ..."
+        "analytics",
+        add_help=False,  # --help is analytics.cli's: it lists run and export
+        help="traffic-log analytics on Spark: run (the job), export (logs as JSON Lines)",
     )
-    p.add_argument("args", nargs=argparse.REMAINDER, help="run --logs DIR --out DIR [...]")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="passed to analytics.cli")
 
     def run(args: argparse.Namespace) -> int:
         import subprocess
@@ -948,7 +992,7 @@ def add_pst_parser(
     if real:
         from reconfig.mtpsto.cli import add_pst_parser as add_solver_parser
 
-        add_solver_parser(subparsers)
+        add_solver_parser(subparsers, positive_int=POSITIVE_INT, positive_float=POSITIVE_FLOAT)
         return
     subparsers.add_parser("pst", help="most trusted publish/subscribe trees (MTPSTO)")
 
@@ -961,6 +1005,12 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
     return parser
 
 
+def as_flags(message: str) -> str:
+    """An SDK error as the CLI says it: the SDK's hints name its keyword arguments
+    (``needs ca=``), where a command takes the options of the same name (``--ca``)."""
+    return re.sub(r"(?<![\w-])(ca|cert|key)=(?=[\s),;]|$)", r"--\1", message)
+
+
 # Commands that start processes: SIGTERM and SIGHUP interrupt them like Ctrl-C does.
 STARTS_PROCESSES = ("up", "demo", "analytics")
 
@@ -969,6 +1019,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(pst=words[:1] == ["pst"])
     args, extra = parser.parse_known_args(words)
+    if args.command == "analytics":  # every word after it is analytics.cli's, --help too
+        args.args, extra = words[1:], []
     if extra:  # a typo in a subcommand's flag: that subcommand's usage, not the top one's
         _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command != "broker":
@@ -978,7 +1030,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (TrellisError, ValueError) as exc:
-        print(f"trellis {args.command}: error: {exc}", file=sys.stderr)
+        print(f"trellis {args.command}: error: {as_flags(str(exc))}", file=sys.stderr)
         return 2
     except OSError as exc:  # a path given on the command line (2), or the system refused (1)
         where = f": {exc.filename}" if exc.filename else ""

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import tomllib
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -123,6 +123,15 @@ def write_config(path: Path, settings: dict[str, Any]) -> Path:
     return path
 
 
+def without_config_overrides(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without the variables a broker reads as config overrides
+    (``TRELLIS_<KEY>``, ``TRELLIS_<TABLE>_<KEY>``); other ``TRELLIS_*`` variables
+    (``TRELLIS_PORT_RANGE``, ...) stay."""
+    from broker.daemon.config import is_config_override
+
+    return {key: value for key, value in environ.items() if not is_config_override(key)}
+
+
 def start_broker(
     workdir: Path,
     broker_id: str,
@@ -132,13 +141,17 @@ def start_broker(
     settings: dict[str, Any] | None = None,
     ready_timeout: float = 40.0,
     env: dict[str, str] | None = None,
+    inherit_config: bool = True,
     on_spawn: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> BrokerProcess:
     """Start ``trellis broker`` as a child process and wait until it listens.
 
-    ``on_spawn`` sees the process as soon as it exists (a caller records its pid before the
-    wait). If the wait ends any other way than ready, an interrupt included, the process is
-    killed: a broker never outlives a failed start.
+    The broker reads ``TRELLIS_<KEY>`` config overrides from this process's environment
+    unless ``inherit_config`` is false: a caller that writes the whole config (a local
+    overlay) keeps an exported ``TRELLIS_PORT`` from moving every broker to one port.
+    ``env`` is added on top either way. ``on_spawn`` sees the process as soon as it exists
+    (a caller records its pid before the wait). If the wait ends any other way than ready,
+    an interrupt included, the process is killed: a broker never outlives a failed start.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     ready = workdir / f"{broker_id}.ready"
@@ -148,6 +161,7 @@ def start_broker(
         {"id": broker_id, "host": host, "port": port, "ready_file": str(ready), **(settings or {})},
     )
     cmd = [sys.executable, "-m", "broker", "broker", "--config", str(config)]
+    inherited = dict(os.environ) if inherit_config else without_config_overrides(os.environ)
     proc: subprocess.Popen[bytes] | None = None
     try:
         # A Ctrl-C or SIGTERM while Popen forks and execs would unwind out of it with the
@@ -159,7 +173,7 @@ def start_broker(
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **(env or {})},
+                env={**inherited, **(env or {})},
                 start_new_session=True,
             )
         if on_spawn is not None:

@@ -321,6 +321,7 @@ class LocalOverlay:
                 broker_id,
                 port=self.ports[broker_id],
                 settings=self.config_for(broker_id),
+                inherit_config=False,
                 on_spawn=spawned,
             )
         finally:

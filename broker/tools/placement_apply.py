@@ -331,6 +331,7 @@ class LocalReplicas(Replicas):
             broker_id,
             port=free_ports(1)[0],
             settings=self._config_for(broker_id, vn, index, settings),
+            inherit_config=False,
         )
         self.started[broker_id] = proc
         entry = {

@@ -160,7 +160,9 @@ def add_topic_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     p.add_argument("--identity", required=True, help="the owner's identity file")
     p.add_argument("--grant", required=True, help="the owner's grant file of the topic")
     p.add_argument("--holder", required=True, help="the holder: a principal (hex) or identity file")
-    p.add_argument("--right", required=True, choices=["publish", "subscribe"])
+    p.add_argument(
+        "--right", required=True, choices=["publish", "subscribe"], help="what the holder may do"
+    )
     p.add_argument("--expires-in", type=float, help="seconds it is valid (default: as the topic)")
     p.add_argument("--out", required=True, help="the holder's grant file")
     p.set_defaults(func=_delegate)

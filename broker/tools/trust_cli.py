@@ -72,6 +72,11 @@ def cmd_trust_show(args: argparse.Namespace) -> int:
     rows = read_table(Path(args.source), "trust_feedback")
     reports = broker_trust(rows, config)
     vns = vn_trust(reports)
+    if args.curve is not None and args.curve not in reports:
+        raise ValueError(
+            f"--curve {args.curve}: no such broker in the trust feedback of {args.source}; "
+            + (f"its brokers are {' '.join(reports)}" if reports else "it judges no broker")
+        )
     curve = trust_curve(rows, config, args.curve) if args.curve else None
     if args.json:
         print(

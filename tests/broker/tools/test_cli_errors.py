@@ -187,20 +187,6 @@ def test_sub_without_a_manifest_explains_once_how_to_decrypt(
     assert "WARNING" not in stderr
 
 
-def test_every_option_has_help_that_names_its_default() -> None:
-    import argparse
-
-    parser = cli.build_parser()
-    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    for name, sub in commands.choices.items():
-        for action in sub._actions:
-            if isinstance(action, argparse._HelpAction) or name in ("pst", "analytics"):
-                continue
-            assert action.help, f"trellis {name} {action.option_strings}: no help"
-            if action.default not in (None, False, [], argparse.SUPPRESS):
-                assert "default" in action.help, f"trellis {name} {action.dest}: no default"
-
-
 def test_up_into_a_path_that_is_a_file_is_one_line(tmp_path: Path) -> None:
     taken = tmp_path / "file"
     taken.write_text("")
