@@ -656,6 +656,8 @@ class Client:
         self._split_target: int | None = None
         self._ids: dict[int, str] = {}  # endpoint index -> broker id (from its WELCOME)
         self._failures: dict[int, tuple[bool, str]] = {}  # index -> (final, reason)
+        # Endpoints whose TCP connection is open but whose WELCOME has not come yet.
+        self._handshaking: set[int] = set()
         self._hopeless = asyncio.Event()
         self._tls_failures: set[int] = set()
         self._status = Status.DISCONNECTED
@@ -789,7 +791,12 @@ class Client:
         if self._connected.is_set():
             return
         reasons = "; ".join(
-            f"{h}:{p} ({self._failures[i][1]})" if i in self._failures else f"{h}:{p}"
+            f"{h}:{p} ({self._failures[i][1]})"
+            if i in self._failures
+            else f"{h}:{p} (it accepted the connection but sent no WELCOME: is it a Trellis "
+            "broker's client port, and is that broker answering?)"
+            if i in self._handshaking
+            else f"{h}:{p}"
             for i, (h, p) in enumerate(self.endpoints)
         )
         hopeless = self._hopeless.is_set()
@@ -1182,6 +1189,7 @@ class Client:
                 f"TLS with the broker at {host}:{port} failed: {describe_tls_error(exc)}",
                 f"{host}:{port}",
             ) from None
+        self._handshaking.add(index)
         try:
             link.send(Hello(PROTOCOL_VERSION, Role.CLIENT, self.client_id, self.hello_options))
             welcome = await link.welcome
@@ -1197,6 +1205,8 @@ class Client:
             # A connect_timeout during the handshake must not leave the socket open.
             link.close()
             raise
+        finally:
+            self._handshaking.discard(index)
         if (
             vn_size == 1
             and len(self.endpoints) > 1
