@@ -39,12 +39,12 @@ def reset(transport: asyncio.Transport) -> None:
     transport.abort()
 
 
-async def read(sub: Subscription, count: int) -> list[tuple[int, bytes]]:
-    """(seq, payload) of what ``sub`` delivers, until ``count`` or 15 s without one."""
+async def read(sub: Subscription, count: int, idle: float = 15) -> list[tuple[int, bytes]]:
+    """(seq, payload) of what ``sub`` delivers, until ``count`` or ``idle`` s without one."""
     got: list[tuple[int, bytes]] = []
     while len(got) < count:
         try:
-            msg = await sub.get(15)
+            msg = await sub.get(idle)
         except TrellisTimeout:
             break
         got.append((msg.seq, msg.payload))
@@ -57,6 +57,7 @@ async def stream_with_resets(
     *,
     confidential_every: int = 0,
     publisher_side: bool = False,
+    idle: float = 15,
 ) -> tuple[list[int], list[tuple[int, bytes]], dict[int, bytes]]:
     """Publish COUNT publications at ~300/s from the first VN; a third of the way in,
     reset the subscriber's connections to the last VN's replicas ``resets`` (the
@@ -72,7 +73,7 @@ async def stream_with_resets(
     async with pub, sub_client, sub_client.subscribe(FLT) as sub:
         await pub.advertise(FLT)
         await asyncio.to_thread(overlay.wait_quiet)
-        collector = asyncio.create_task(read(sub, COUNT))
+        collector = asyncio.create_task(read(sub, COUNT, idle))
         for i in range(COUNT):
             if i == COUNT // 3:
                 for index in resets:
@@ -149,7 +150,7 @@ async def test_without_a_linger_the_session_ends_with_its_connection(
     what makes the two tests above able to fail)."""
     names = broker_names(2)
     overlay = run_overlay(line_tree(names), session_linger=0)
-    sent, got, _ = await stream_with_resets(overlay, [0])
+    sent, got, _ = await stream_with_resets(overlay, [0], idle=3)
     assert len(got) < len(sent)
 
 
