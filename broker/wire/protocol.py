@@ -49,6 +49,7 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
+from math import isfinite
 from typing import Any
 
 import msgpack
@@ -527,7 +528,12 @@ def validate_attrs(name: str, value: object) -> dict[str, Value]:
         if kind is str:
             if len(item) > MAX_STRING_VALUE:
                 raise InvalidRequest(f"{name} attribute '{key}' is longer than {MAX_STRING_VALUE}")
-        elif kind not in (int, float, bool):
+        elif kind is float:
+            if not isfinite(item):
+                # NaN never equals itself: replicas could never agree on the copy (and no
+                # filter can name NaN or infinity).
+                raise InvalidRequest(f"{name} attribute '{key}' is {item}: numbers must be finite")
+        elif kind not in (int, bool):
             raise InvalidRequest(
                 f"{name} attribute '{key}' must be str, int, float or bool, got {_kind(item)}"
             )
