@@ -707,6 +707,8 @@ class Client:
         self._late_audits: dict[tuple[str, int, tuple[str, ...]], int] = {}
         if key_refresh < 1:
             raise InvalidRequest("key_refresh must be at least 1 message")
+        if first_seq < 1:
+            raise InvalidRequest(f"first_seq must be at least 1, got {first_seq}")
         self.key_refresh = key_refresh
         self.key_refresh_seconds = key_refresh_seconds
         self._epoch: EpochKey | None = None

@@ -1303,7 +1303,11 @@ class Broker:
             if msg.rid:
                 source.send(Ack(msg.rid))
             return
-        problem = problem or self.forwarder.publish(source.session_hop, source.peer_id, msg)
+        problem = (
+            problem
+            or self.out_of_order(source, msg.seq)
+            or self.forwarder.publish(source.session_hop, source.peer_id, msg)
+        )
         if problem is not None:
             source.reject(msg.rid, problem)
             return
@@ -1326,6 +1330,22 @@ class Broker:
             "in an earlier session, and subscribers deduplicate by (publisher, seq); a "
             "publisher that restarts under the same client id must continue its numbering "
             f"past {known[1]} (Client(first_seq=...), trellis pub --first-seq)"
+        )
+
+    def out_of_order(self, source: Connection, seq: int) -> InvalidRequest | None:
+        """Why ``seq`` cannot follow what ``source``'s session published (or None): every
+        subscriber delivers a publisher's publications in seq order, from 1, and would drop
+        it after acknowledging it here."""
+        if seq < 1:
+            return InvalidRequest(f"PUBLISH seq {seq}: a publisher's seqs start at 1")
+        known = self.publisher_sessions.get(source.peer_id or "")
+        if known is None or source.session is None or known[0] != source.session:
+            return None
+        if seq > known[1]:
+            return None
+        return InvalidRequest(
+            f"PUBLISH seq {seq}: this session already published seq {known[1]}; a "
+            "publisher's seqs must increase"
         )
 
     def published_before(self, source: Connection, seq: int) -> bool:

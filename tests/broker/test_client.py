@@ -276,6 +276,7 @@ def test_a_bad_manifest_file_raises_invalid_request(
         {"endpoints": "127.0.0.1:99999"},
         {"endpoints": ["127.0.0.1:9", "127.0.0.1"]},
         {"endpoints": "127.0.0.1:9", "key_refresh": 0},
+        {"endpoints": "127.0.0.1:9", "first_seq": 0},
     ],
 )
 def test_bad_client_arguments_raise_invalid_request(kwargs: dict[str, Any]) -> None:

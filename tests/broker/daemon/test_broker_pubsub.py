@@ -16,6 +16,7 @@ from broker.wire.protocol import (
     Ack,
     Advertise,
     Deliver,
+    Error,
     Hello,
     Publish,
     Role,
@@ -188,4 +189,36 @@ async def test_a_publication_sent_again_in_its_session_is_acknowledged_and_route
         assert seqs == [1, 2, 3]
     finally:
         await subscriber.close()
+        await publisher.close()
+
+
+async def test_a_seq_that_does_not_increase_in_its_session_is_refused_not_lost(
+    broker: BrokerProcess,
+) -> None:
+    """Seq 0, or a seq at or below one the session published and never routed here, was
+    acknowledged and then dropped by every subscriber (they deliver in seq order): refused
+    now, naming the seq; the connection and the stream go on."""
+    flt = parse_filter("class = 'order'")
+    publisher = await RawPeer.connect(broker.endpoint)
+    try:
+        await publisher.send_bytes(
+            encode(Hello(PROTOCOL_VERSION, Role.CLIENT, "order-pub", {"session": "one"}))
+        )
+        assert isinstance(await publisher.receive(), Welcome)
+        await publisher.send_bytes(encode(Advertise(1, "a", flt)))
+        assert await publisher.receive() == Ack(1)
+        await publisher.send_bytes(encode(Publish(2, 0, {"class": "order"}, b"x")))
+        refused = await publisher.receive()
+        assert isinstance(refused, Error)
+        assert "seq 0" in refused.message
+        await publisher.send_bytes(encode(Publish(3, 5, {"class": "order"}, b"x")))
+        assert await publisher.receive() == Ack(3)
+        # 3 was never published: it is not a copy sent again, and it comes after 5
+        await publisher.send_bytes(encode(Publish(4, 3, {"class": "order"}, b"x")))
+        refused = await publisher.receive()
+        assert isinstance(refused, Error)
+        assert "seq 3: this session already published seq 5" in refused.message
+        await publisher.send_bytes(encode(Publish(5, 6, {"class": "order"}, b"x")))
+        assert await publisher.receive() == Ack(5)
+    finally:
         await publisher.close()
