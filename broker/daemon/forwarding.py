@@ -202,9 +202,8 @@ class Forwarder:
     def _route_agreed(self, source: Hop, released: list[tuple[int, Forward]]) -> None:
         digests = self.tlog is not None
         for _seq, msg in released:
-            if not self.seen.fresh(msg.publisher, msg.seq):
+            if not self.seen.add(msg.publisher, msg.seq):
                 continue  # reached this broker over another VN too (a link moved)
-            self.seen.mark(msg.publisher, msg.seq)
             self.route(
                 source,
                 msg.publisher,

@@ -8,6 +8,7 @@ what both offer, so routing code never needs to know which one it holds.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Protocol
 
 from broker.wire.protocol import Message
@@ -116,30 +117,86 @@ class VNHop:
             del self._votes[entry]
 
 
+class _SeqWindow:
+    """One publisher's routed seqs: a bitmap from ``base`` (a seq below it counts as routed)."""
+
+    __slots__ = ("base", "bits")
+
+    def __init__(self) -> None:
+        self.base = 0
+        self.bits = bytearray()
+
+
 class SeenPublications:
     """Which (publisher, seq) this broker has already routed, within a sliding window.
 
     Copies of one publication arrive from every replica of the upstream VN, in any order
-    across replicas; a window of ``horizon`` sequence numbers per publisher bounds memory.
+    across replicas (and a client whose session resumed sends its last publications
+    again). Per publisher, a bitmap covers the seqs from ``horizon`` below the newest one
+    routed (older ones count as routed): at most ``horizon / 4`` bytes, however sparse the
+    seqs this broker sees; the ``max_publishers`` that most recently published new seqs are
+    remembered.
     """
 
-    def __init__(self, horizon: int = 65536) -> None:
+    def __init__(self, horizon: int = 65536, max_publishers: int = 65536) -> None:
         self.horizon = horizon
-        self._seen: dict[str, set[int]] = {}
-        self._floor: dict[str, int] = {}
+        self.max_publishers = max_publishers
+        self._windows: OrderedDict[str, _SeqWindow] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._windows)
 
     def fresh(self, publisher: str, seq: int) -> bool:
         """Whether (publisher, seq) has not been routed yet."""
-        if seq < self._floor.get(publisher, 0):
+        window = self._windows.get(publisher)
+        if window is None:
+            return True
+        offset = seq - window.base
+        if offset < 0:
             return False
-        seen = self._seen.get(publisher)
-        return seen is None or seq not in seen
+        index = offset >> 3
+        bits = window.bits
+        return index >= len(bits) or not (bits[index] >> (offset & 7)) & 1
 
     def mark(self, publisher: str, seq: int) -> None:
         """Record (publisher, seq) as routed."""
-        seen = self._seen.setdefault(publisher, set())
-        seen.add(seq)
-        if len(seen) > 2 * self.horizon:
-            floor = max(seen) - self.horizon
-            self._floor[publisher] = floor
-            self._seen[publisher] = {s for s in seen if s >= floor}
+        self.add(publisher, seq)
+
+    def add(self, publisher: str, seq: int) -> bool:
+        """Record (publisher, seq) as routed; whether it was fresh (one lookup for both)."""
+        window = self._windows.get(publisher)
+        if window is None:
+            window = self._open(publisher)
+        offset = seq - window.base
+        bits = window.bits
+        index = offset >> 3
+        if 0 <= index < len(bits):
+            bit = 1 << (offset & 7)
+            byte = bits[index]
+            if byte & bit:
+                return False
+            bits[index] = byte | bit
+            return True
+        if offset < 0:
+            return False
+        if offset >= 2 * self.horizon:
+            # Slide by whole bytes so that ``seq`` sits ``horizon`` (to 8 more) above the base.
+            drop = (offset - self.horizon) >> 3
+            del bits[:drop]
+            window.base += drop << 3
+            offset -= drop << 3
+            index = offset >> 3
+        if index >= len(bits):
+            bits.extend(bytes(index + 1 - len(bits)))
+        bits[index] |= 1 << (offset & 7)
+        # Recently active: kept when publishers must be forgotten (checked once per byte of
+        # new seqs, not per publication).
+        self._windows.move_to_end(publisher)
+        return True
+
+    def _open(self, publisher: str) -> _SeqWindow:
+        windows = self._windows
+        window = windows[publisher] = _SeqWindow()
+        if len(windows) > self.max_publishers:
+            windows.popitem(last=False)
+        return window
