@@ -960,6 +960,20 @@ class Broker:
 
     def attach_client(self, conn: Connection, client_id: str) -> None:
         old = self.clients.get(client_id)
+        if (
+            old is not None
+            and old is not conn
+            and (old.session is None or old.session != conn.session)
+            and time.monotonic() - old.last_seen <= 2 * self.config.heartbeat_interval
+        ):
+            # Another client (two given one id, or someone using another's id) must not
+            # close a live connection and take its subscriptions: only the same session may
+            # (its reconnection), or anyone once the old connection went silent (a client
+            # restarted while its old connection was left half-open).
+            raise NotAuthorized(
+                f"client id '{client_id}' is in use by a live connection of another session; "
+                "every client needs its own id"
+            )
         if old is not None and old is not conn:
             log.info(
                 "client %s connected again from %s; closing its old session", client_id, conn.peer

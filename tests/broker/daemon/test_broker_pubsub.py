@@ -8,7 +8,7 @@ import random
 import pytest
 
 from broker.client import Client
-from broker.errors import InvalidRequest
+from broker.errors import InvalidRequest, TrellisError
 from broker.language.grammar import parse_filter
 from broker.tools.launcher import BrokerProcess
 from broker.wire.protocol import (
@@ -222,3 +222,31 @@ async def test_a_seq_that_does_not_increase_in_its_session_is_refused_not_lost(
         assert await publisher.receive() == Ack(5)
     finally:
         await publisher.close()
+
+
+async def test_a_second_client_with_a_live_clients_id_is_refused_and_the_first_keeps_going(
+    broker: BrokerProcess,
+) -> None:
+    """Someone else's id (or two clients given one id) used to close the live connection
+    and take its subscriptions; only the same session (a reconnection) may take over."""
+    async with Client(broker.endpoint, client_id="owner") as sc, Client(broker.endpoint) as pc:
+        await pc.advertise("class = 'mine'")
+        sub = sc.subscribe("class = 'mine'")
+        await sub.__aenter__()
+        intruder = await RawPeer.connect(broker.endpoint)
+        try:
+            await intruder.send_bytes(
+                encode(Hello(PROTOCOL_VERSION, Role.CLIENT, "owner", {"session": "other"}))
+            )
+            refused = await intruder.receive()
+            assert isinstance(refused, Error)
+            assert refused.code == "not_authorized"
+            assert "client id 'owner' is in use" in refused.message
+            assert await intruder.closed_by_broker()
+        finally:
+            await intruder.close()
+        async with Client(broker.endpoint, client_id="twin"):
+            with pytest.raises(TrellisError, match="client id 'twin' is in use"):
+                await Client(broker.endpoint, client_id="twin", connect_timeout=1).connect()
+        await pc.publish({"class": "mine", "n": 1})
+        assert (await sub.get(5)).attrs["n"] == 1
