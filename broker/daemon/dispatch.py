@@ -169,6 +169,10 @@ class Connection(asyncio.Protocol):
         self.published = False
         self.last_seen = time.monotonic()
         self.opened = self.last_seen
+        # An unfinished frame seen by the heartbeat: since when, and the decoder's progress
+        # then (see Broker.heartbeat: a frame must complete within three intervals).
+        self.partial_since: float | None = None
+        self.partial_mark = 0
         # A client's session (broker.daemon.sessions): the connection its routing state is
         # held by when that is not this one (the first connection of a session resumed
         # here; see session_hop), the one that carries a parked session's traffic once it
@@ -1400,6 +1404,28 @@ class Broker:
             self.forwarder.tick(time.monotonic())
             self.flush()
 
+    def stalled_frame(self, conn: Connection, now: float, limit: float) -> bool:
+        """Close ``conn`` (and say True) when a frame it began has not completed for
+        ``limit`` seconds: a byte now and then resets the silence timer, so a trickle could
+        otherwise hold up to ``max_frame`` bytes of buffer open forever."""
+        decoder = conn.decoder
+        if decoder.buffered == 0 or conn.backlog is not None:
+            conn.partial_since = None  # (a backlog waits on this broker, not on the peer)
+            return False
+        if conn.partial_since is None or decoder.consumed != conn.partial_mark:
+            conn.partial_since = now
+            conn.partial_mark = decoder.consumed
+            return False
+        if now - conn.partial_since <= limit:
+            return False
+        conn.fail(
+            ProtocolError(
+                f"a frame begun {now - conn.partial_since:.1f} s ago is still incomplete "
+                f"({decoder.buffered} bytes): a frame must arrive within 3 heartbeat intervals"
+            )
+        )
+        return True
+
     async def heartbeat(self) -> None:
         """Ping quiet peers (and every peer a freeze leaves unread) and close the ones
         silent for three intervals."""
@@ -1416,6 +1442,8 @@ class Broker:
             if late > interval / 2:
                 for conn in self.connections:
                     conn.last_seen += late
+                    if conn.partial_since is not None:
+                        conn.partial_since += late
             paused = set(self.paused)
             congested = bool(self.congested_links)
             for conn in list(self.connections):
@@ -1432,6 +1460,8 @@ class Broker:
                     # Not read while a broker link is congested (back-pressure): its
                     # silence is ours too.
                     conn.last_seen = now
+                    continue
+                if self.stalled_frame(conn, now, 3 * interval):
                     continue
                 silent = now - conn.last_seen
                 if conn.peer_id is None:

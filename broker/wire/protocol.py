@@ -378,11 +378,13 @@ class FrameDecoder:
     A frame over ``max_frame`` is rejected from its header alone, before buffering it.
     """
 
-    __slots__ = ("_buf", "max_frame")
+    __slots__ = ("_buf", "consumed", "max_frame")
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
         self._buf = bytearray()
         self.max_frame = max_frame
+        # Bytes of complete frames so far: a reader tells progress from a stalled frame.
+        self.consumed = 0
 
     @property
     def buffered(self) -> int:
@@ -417,6 +419,7 @@ class FrameDecoder:
                 yield decode_body(buf[start:offset])
         finally:
             del buf[:offset]
+            self.consumed += offset
 
     def check_eof(self) -> None:
         """Raise if the stream ended in the middle of a frame."""

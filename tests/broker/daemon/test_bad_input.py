@@ -4,8 +4,10 @@ everyone else served throughout."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -13,7 +15,7 @@ from broker.client import Client, Subscription
 from broker.errors import FilterError, FilterSyntaxError, InvalidRequest, PayloadTooLarge
 from broker.language.filters import Filter, Predicate
 from broker.tools.launcher import BrokerProcess
-from broker.wire.protocol import PROTOCOL_VERSION, Error, MsgType, Pong
+from broker.wire.protocol import PROTOCOL_VERSION, Error, Message, MsgType, Pong, Welcome
 from tests.wire import RawPeer
 
 
@@ -298,3 +300,30 @@ async def test_bad_reconfiguration_requests_get_precise_answers(run_broker) -> N
         await witness.check_still_served()
     finally:
         await witness.stop()
+
+
+async def test_a_frame_trickled_a_byte_at_a_time_is_cut_off_and_others_are_served(
+    run_broker: Callable[..., BrokerProcess],
+) -> None:
+    """Each byte resets the silence timer, so a peer could hold a partial frame of up to
+    max_frame bytes open forever: a frame must complete within three heartbeat intervals."""
+    broker = run_broker(heartbeat_interval=0.3)
+    peer = await RawPeer.connect(broker.endpoint)
+    try:
+        assert isinstance(await peer.hello("trickle"), Welcome)
+        await peer.send_bytes(struct.pack(">I", 1000) + b"\x95")
+        started = time.monotonic()
+        error: Message | None = None
+        while time.monotonic() - started < 5:
+            await peer.send_bytes(b"\x00")
+            with contextlib.suppress(TimeoutError):
+                error = await peer.receive(timeout=0.2)
+                break
+        assert isinstance(error, Error)
+        assert "still incomplete" in error.message
+        assert time.monotonic() - started < 3
+        assert await peer.closed_by_broker()
+    finally:
+        await peer.close()
+    async with Client(broker.endpoint) as client:  # the broker still serves others
+        await client.advertise("class = 'x'")
