@@ -180,6 +180,13 @@ class BrokerConfig(BaseModel):
         description="advertisements one client connection may hold; past it ADVERTISE gets "
         "ERROR limit_exceeded (the connection stays open)",
     )
+    max_filter_bytes_per_client: int = Field(
+        4 * 1024 * 1024,
+        ge=1024,
+        description="bytes of filters (wire form) one client connection's advertisements and "
+        "subscriptions may hold together; past it ADVERTISE or SUBSCRIBE gets ERROR "
+        "limit_exceeded (the connection stays open)",
+    )
     session_linger: float = Field(
         10.0,
         ge=0,

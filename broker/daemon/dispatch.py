@@ -97,6 +97,7 @@ from broker.wire.protocol import (
     Unsubscribe,
     Welcome,
     encode,
+    encode_filter,
     error_for,
 )
 from reconfig.live import Reply, RoundStats, vouch_quorum
@@ -173,6 +174,10 @@ class Connection(asyncio.Protocol):
         # then (see Broker.heartbeat: a frame must complete within three intervals).
         self.partial_since: float | None = None
         self.partial_mark = 0
+        # Bytes of the filters a client's routing state holds, by (kind, id), and in all
+        # (max_filter_bytes_per_client; kept on the session hop, like the state itself).
+        self.filter_bytes: dict[tuple[str, str], int] = {}
+        self.filter_total = 0
         # A client's session (broker.daemon.sessions): the connection its routing state is
         # held by when that is not this one (the first connection of a session resumed
         # here; see session_hop), the one that carries a parked session's traffic once it
@@ -490,12 +495,13 @@ class Connection(asyncio.Protocol):
                     except NotAuthorized as exc:
                         self.reject(rid, exc)
                         return
-                if self.over_limit(rid, "subscriptions", sub_id):
+                if self.over_limit(rid, "subscriptions", sub_id, flt):
                     return
                 broker.execute(router.subscribe(self.session_hop, sub_id, flt))
                 self.ack_in_force(rid)
             case Unsubscribe(rid, sub_id):
                 if router.knows_subscription(self.session_hop, sub_id):
+                    self.release_filter("subscriptions", sub_id)
                     broker.execute(router.unsubscribe(self.session_hop, sub_id))
                     self.ack(rid)
                 else:
@@ -507,12 +513,13 @@ class Connection(asyncio.Protocol):
                     except NotAuthorized as exc:
                         self.reject(rid, exc)
                         return
-                if self.over_limit(rid, "advertisements", adv_id):
+                if self.over_limit(rid, "advertisements", adv_id, flt):
                     return
                 broker.execute(router.advertise(self.session_hop, adv_id, flt))
                 self.ack_in_force(rid)
             case Unadvertise(rid, adv_id):
                 if router.knows_advertisement(self.session_hop, adv_id):
+                    self.release_filter("advertisements", adv_id)
                     broker.execute(router.unadvertise(self.session_hop, adv_id))
                     self.ack(rid)
                 else:
@@ -650,9 +657,10 @@ class Connection(asyncio.Protocol):
         if rid:
             self.broker.waves.start(lambda: None if self.closing else self.ack(rid))
 
-    def over_limit(self, rid: int, kind: str, key: str) -> bool:
-        """Refuse a new advertisement or subscription past this client's configured limit
-        (a replaced one does not count)."""
+    def over_limit(self, rid: int, kind: str, key: str, flt: Filter) -> bool:
+        """Refuse a new advertisement or subscription past this client's configured limits:
+        how many it holds (a replaced one does not count), and the bytes of their filters
+        (each may be up to a frame: the count alone would let one client hold gigabytes)."""
         router, hop = self.broker.router, self.session_hop
         ads, subs = router.held_by(hop)
         held, known = (
@@ -660,20 +668,32 @@ class Connection(asyncio.Protocol):
             if kind == "subscriptions"
             else (ads, router.knows_advertisement(hop, key))
         )
+        config = self.broker.config
         name = f"max_{kind}_per_client"
-        limit: int = getattr(self.broker.config, name)
+        limit: int = getattr(config, name)
+        size = len(encode_filter(flt))
+        total = hop.filter_total - hop.filter_bytes.get((kind, key), 0) + size
         if known or held < limit:
-            return False
+            if total <= config.max_filter_bytes_per_client:
+                hop.filter_bytes[(kind, key)] = size
+                hop.filter_total = total
+                return False
+            name, limit = "max_filter_bytes_per_client", config.max_filter_bytes_per_client
+            why = (
+                f"its filter of {size} bytes would bring this client's filters to {total} "
+                f"bytes, over the broker's limit ({name} = {limit})"
+            )
+        else:
+            why = f"this client holds {held} {kind}, the broker's limit ({name} = {limit})"
         stats = self.broker.stats.over_limit
         stats[name] = stats.get(name, 0) + 1
-        self.reject(
-            rid,
-            LimitExceeded(
-                f"{kind[:-1]} '{key}' refused: this client holds {held} {kind}, the "
-                f"broker's limit ({name} = {limit})"
-            ),
-        )
+        self.reject(rid, LimitExceeded(f"{kind[:-1]} '{key}' refused: {why}"))
         return True
+
+    def release_filter(self, kind: str, key: str) -> None:
+        """A subscription or advertisement is withdrawn: its bytes leave the budget."""
+        hop = self.session_hop
+        hop.filter_total -= hop.filter_bytes.pop((kind, key), 0)
 
     def reject(self, rid: int, exc: TrellisError) -> None:
         """Refuse one request but keep the connection: the frame itself was valid."""

@@ -298,6 +298,11 @@ def encode(msg: Message) -> bytes:
     return frame(_packb(to_wire(msg)))
 
 
+def encode_filter(flt: Filter) -> bytes:
+    """A filter's wire form alone (what it costs in a frame, and to hold)."""
+    return _packb(flt.to_wire())
+
+
 def to_wire(msg: Message) -> list[Any]:
     """The msgpack-ready array for ``msg``."""
     match msg:

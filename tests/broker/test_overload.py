@@ -28,7 +28,7 @@ import pytest
 from broker.client import Client
 from broker.errors import LimitExceeded, TrellisError
 from broker.tools.launcher import BrokerProcess
-from broker.tools.local import fetch_json
+from broker.tools.local import fetch_json, fetch_text
 from broker.wire.protocol import Deliver, Error, Role
 from security.ca import create_ca, issue, save_ca, write_issued
 from security.tls import client_context
@@ -220,6 +220,28 @@ async def test_requests_past_the_client_limits_get_limit_exceeded_and_the_connec
         await client.advertise("n = 0", adv_id=kept[0])  # a replacement is not a new one
         await client.unadvertise(kept[1])
         await client.advertise("n = 21")  # room again; the connection is still open
+
+
+async def test_filters_past_the_client_byte_budget_get_limit_exceeded_and_withdrawals_free_it(
+    run_broker: Callable[..., BrokerProcess],
+) -> None:
+    """A count limit alone let one client hold 10,000 filters of up to a frame each."""
+    broker = run_broker("zz-bytes", admin_port=0, max_filter_bytes_per_client=4096)
+
+    def big(tag: str) -> str:  # a filter of about 1,900 bytes
+        return "name in (" + ", ".join(f"'{tag}{i:03}{'x' * 80}'" for i in range(20)) + ")"
+
+    async with Client(broker.endpoint, client_id="sdk") as client:
+        first = client.subscribe(big("a"))
+        await first.__aenter__()
+        await client.advertise(big("b"), adv_id="adv")
+        with pytest.raises(LimitExceeded, match=r"max_filter_bytes_per_client = 4096"):
+            await client.subscribe(big("c")).__aenter__()
+        await client.advertise(big("d"), adv_id="adv")  # a replacement counts once
+        await client.unadvertise("adv")
+        await client.subscribe(big("c")).__aenter__()  # room again; the connection stayed
+    metrics = fetch_text(broker.admin_url + "/metrics")
+    assert 'limit="max_filter_bytes_per_client"} 1.0' in metrics
 
 
 @pytest.mark.slow
