@@ -444,8 +444,12 @@ def decode_body(body: bytes | bytearray) -> Message:
     """Decode and validate one frame body."""
     try:
         raw = msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=False)
+    except msgpack.StackError:
+        raise ProtocolError("malformed frame: msgpack nested too deeply") from None
     except Exception as exc:
-        raise ProtocolError(f"malformed frame: not valid msgpack ({exc})") from None
+        raise ProtocolError(
+            f"malformed frame: not valid msgpack ({exc or type(exc).__name__})"
+        ) from None
     return validate(raw)
 
 

@@ -134,6 +134,12 @@ def test_truncated_frame_is_detected_at_end_of_stream() -> None:
         decoder.check_eof()
 
 
+def test_msgpack_nested_too_deeply_is_refused_saying_so() -> None:
+    body = b"\x91" * 3000 + msgpack.packb(1)
+    with pytest.raises(ProtocolError, match="msgpack nested too deeply"):
+        list(FrameDecoder().feed(struct.pack(">I", len(body)) + body))
+
+
 def test_field_count_mismatch_names_the_fields() -> None:
     body = msgpack.packb([7, 1, 2])
     with pytest.raises(
