@@ -13,6 +13,7 @@ import contextlib
 import gc
 import logging
 import os
+import resource
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -183,9 +184,25 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLD)
 
 
+def raise_file_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit, as servers do: every
+    connection is a descriptor, and the usual soft limit (1,024) is reached by a thousand
+    clients, after which connections are refused. Returns the limit in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-file limit from %d: %s", soft, exc)
+    return soft
+
+
 def run(config: BrokerConfig) -> None:
     """Run a broker until SIGTERM/SIGINT, on uvloop when it is installed."""
     tune_gc()
+    log.info("open-file limit: %d (each client or broker connection takes one)", raise_file_limit())
     try:
         import uvloop
 
