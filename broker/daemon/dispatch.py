@@ -168,6 +168,9 @@ class Connection(asyncio.Protocol):
         # whether it has published: only a publisher's stream needs a common freeze point.
         self.marks = False
         self.published = False
+        # The highest seq this connection published (a client without a session: its seqs
+        # must increase on the connection).
+        self.max_seq = 0
         self.last_seen = time.monotonic()
         self.opened = self.last_seen
         # An unfinished frame seen by the heartbeat: since when, and the decoder's progress
@@ -1351,6 +1354,8 @@ class Broker:
             return
         if source.session is not None:
             self.note_published(source.peer_id, source.session, msg.seq)
+        else:
+            source.max_seq = max(source.max_seq, msg.seq)
         if msg.rid:
             source.send(Ack(msg.rid))
 
@@ -1376,13 +1381,17 @@ class Broker:
         it after acknowledging it here."""
         if seq < 1:
             return InvalidRequest(f"PUBLISH seq {seq}: a publisher's seqs start at 1")
-        known = self.publisher_sessions.get(source.peer_id or "")
-        if known is None or source.session is None or known[0] != source.session:
-            return None
-        if seq > known[1]:
+        if source.session is None:
+            last, where = source.max_seq, "connection"
+        else:
+            known = self.publisher_sessions.get(source.peer_id or "")
+            if known is None or known[0] != source.session:
+                return None
+            last, where = known[1], "session"
+        if seq > last:
             return None
         return InvalidRequest(
-            f"PUBLISH seq {seq}: this session already published seq {known[1]}; a "
+            f"PUBLISH seq {seq}: this {where} already published seq {last}; a "
             "publisher's seqs must increase"
         )
 

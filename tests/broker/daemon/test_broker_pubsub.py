@@ -222,6 +222,19 @@ async def test_a_seq_that_does_not_increase_in_its_session_is_refused_not_lost(
         assert await publisher.receive() == Ack(5)
     finally:
         await publisher.close()
+    sessionless = await RawPeer.connect(broker.endpoint)  # the same, per connection
+    try:
+        assert isinstance(await sessionless.hello("order-raw"), Welcome)
+        await sessionless.send_bytes(encode(Advertise(1, "a", flt)))
+        assert await sessionless.receive() == Ack(1)
+        for rid in (2, 3):
+            await sessionless.send_bytes(encode(Publish(rid, 4, {"class": "order"}, b"x")))
+        assert await sessionless.receive() == Ack(2)
+        refused = await sessionless.receive()
+        assert isinstance(refused, Error)
+        assert "seq 4: this connection already published seq 4" in refused.message
+    finally:
+        await sessionless.close()
 
 
 async def test_a_second_client_with_a_live_clients_id_is_refused_and_the_first_keeps_going(
