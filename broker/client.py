@@ -295,8 +295,12 @@ class _Link(asyncio.Protocol):
 
         A publication without acknowledgement is also kept for a resumed session (kept even
         when the connection is closing: it is then one that did not arrive)."""
-        data = encode(msg)
-        if type(msg) is Publish and not msg.rid:
+        self.send_raw(encode(msg), type(msg) is Publish and not msg.rid)
+
+    def send_raw(self, data: bytes, keep: bool = True) -> None:
+        """Queue an encoded frame; ``keep``: it is a publication to keep for a resumed
+        session (a kept one sent again is kept again)."""
+        if keep:
             self.client._recent_publications[self.index].keep(data)
         if self.transport is None or self.transport.is_closing():
             raise ConnectionLost("not connected to a broker")
@@ -306,18 +310,6 @@ class _Link(asyncio.Protocol):
         self.out_bytes += len(data)
         if self.out_bytes > _CORK_LIMIT:
             # A producer that never yields must still meet the transport's flow control.
-            self.flush()
-
-    def send_raw(self, data: bytes) -> None:
-        """Queue an encoded frame (a kept publication sent again: kept again too)."""
-        self.client._recent_publications[self.index].keep(data)
-        if self.transport is None or self.transport.is_closing():
-            raise ConnectionLost("not connected to a broker")
-        if not self.out:
-            asyncio.get_running_loop().call_soon(self.flush)
-        self.out.append(data)
-        self.out_bytes += len(data)
-        if self.out_bytes > _CORK_LIMIT:
             self.flush()
 
     def close(self) -> None:

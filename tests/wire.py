@@ -35,8 +35,8 @@ class RawPeer:
         body = msgpack.packb(list(fields), use_bin_type=True)
         await self.send_bytes(struct.pack(">I", len(body)) + body)
 
-    async def hello(self, client_id: str = "raw") -> Message:
-        await self.send(MsgType.HELLO, PROTOCOL_VERSION, "client", client_id, {})
+    async def hello(self, client_id: str = "raw", options: dict[str, Any] | None = None) -> Message:
+        await self.send(MsgType.HELLO, PROTOCOL_VERSION, "client", client_id, options or {})
         return await self.receive()
 
     async def receive(self, timeout: float = 5.0) -> Message:

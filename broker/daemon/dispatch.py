@@ -1337,17 +1337,17 @@ class Broker:
         """A local client's publication: route it, then acknowledge or refuse it."""
         assert source.peer_id is not None
         source.published = True
-        problem = self.stale_session(source, msg.seq)
-        if problem is None and self.published_before(source, msg.seq):
+        verdict = self.sequence(source, msg.seq)
+        if verdict is False:
             # Sent again by a client whose session resumed (it may have died with the lost
             # connection): routed once.
             if msg.rid:
                 source.send(Ack(msg.rid))
             return
         problem = (
-            problem
-            or self.out_of_order(source, msg.seq)
-            or self.forwarder.publish(source.session_hop, source.peer_id, msg)
+            verdict
+            if isinstance(verdict, InvalidRequest)
+            else self.forwarder.publish(source.session_hop, source.peer_id, msg)
         )
         if problem is not None:
             source.reject(msg.rid, problem)
@@ -1359,50 +1359,38 @@ class Broker:
         if msg.rid:
             source.send(Ack(msg.rid))
 
-    def stale_session(self, source: Connection, seq: int) -> InvalidRequest | None:
-        """Why a publication of a new session numbers into an earlier session's seqs (or
-        None). Brokers and subscribers deduplicate by (publisher, seq): such a publication
-        would be dropped downstream as a conflicting copy of the old one, silently."""
-        known = self.publisher_sessions.get(source.peer_id or "")
-        if source.session is None or known is None or known[0] == source.session:
-            return None
-        if seq > known[1]:
-            return None
-        return InvalidRequest(
-            f"PUBLISH seq {seq}: publisher '{source.peer_id}' published up to seq {known[1]} "
-            "in an earlier session, and subscribers deduplicate by (publisher, seq); a "
-            "publisher that restarts under the same client id must continue its numbering "
-            f"past {known[1]} (Client(first_seq=...), trellis pub --first-seq)"
-        )
+    def sequence(self, source: Connection, seq: int) -> bool | InvalidRequest:
+        """Whether publication ``seq`` may follow what ``source`` published: True; False when
+        this broker routed it already (sent again by a client whose session resumed:
+        acknowledged, not routed twice); or why it is refused.
 
-    def out_of_order(self, source: Connection, seq: int) -> InvalidRequest | None:
-        """Why ``seq`` cannot follow what ``source``'s session published (or None): every
-        subscriber delivers a publisher's publications in seq order, from 1, and would drop
-        it after acknowledging it here."""
+        Subscribers deliver each publisher's publications in seq order from 1 and
+        deduplicate by (publisher, seq): a seq that does not increase within its session (or
+        its connection, without one), or that numbers into an earlier session's seqs, would
+        be acknowledged here and then dropped downstream, silently."""
         if seq < 1:
             return InvalidRequest(f"PUBLISH seq {seq}: a publisher's seqs start at 1")
         if source.session is None:
             last, where = source.max_seq, "connection"
         else:
             known = self.publisher_sessions.get(source.peer_id or "")
-            if known is None or known[0] != source.session:
-                return None
+            if known is None or seq > known[1]:
+                return True
             last, where = known[1], "session"
+            if known[0] != source.session:
+                return InvalidRequest(
+                    f"PUBLISH seq {seq}: publisher '{source.peer_id}' published up to seq "
+                    f"{last} in an earlier session, and subscribers deduplicate by (publisher, "
+                    "seq); a publisher that restarts under the same client id must continue "
+                    f"its numbering past {last} (Client(first_seq=...), trellis pub --first-seq)"
+                )
+            if not self.forwarder.seen.fresh(source.peer_id or "", seq):
+                return False
         if seq > last:
-            return None
+            return True
         return InvalidRequest(
             f"PUBLISH seq {seq}: this {where} already published seq {last}; a "
             "publisher's seqs must increase"
-        )
-
-    def published_before(self, source: Connection, seq: int) -> bool:
-        """Whether this broker already routed publication ``seq`` of ``source``'s session."""
-        known = self.publisher_sessions.get(source.peer_id or "")
-        return (
-            known is not None
-            and known[0] == source.session
-            and seq <= known[1]
-            and not self.forwarder.seen.fresh(source.peer_id or "", seq)
         )
 
     def note_published(self, publisher: str, session: str, seq: int) -> None:

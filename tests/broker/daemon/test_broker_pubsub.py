@@ -9,17 +9,16 @@ import pytest
 
 from broker.client import Client
 from broker.errors import InvalidRequest, TrellisError
+from broker.language.filters import Filter
 from broker.language.grammar import parse_filter
 from broker.tools.launcher import BrokerProcess
 from broker.wire.protocol import (
-    PROTOCOL_VERSION,
     Ack,
     Advertise,
     Deliver,
     Error,
-    Hello,
+    Message,
     Publish,
-    Role,
     Subscribe,
     Welcome,
     encode,
@@ -157,6 +156,31 @@ async def test_client_restores_subscriptions_after_broker_restart(run_broker) ->
         assert got.attrs == {"class": "x", "n": 1}
 
 
+async def raw_publisher(
+    broker: BrokerProcess, client_id: str, flt: Filter, session: str | None = None
+) -> RawPeer:
+    """A raw client connection that advertised ``flt`` (in ``session``, if given)."""
+    peer = await RawPeer.connect(broker.endpoint)
+    options = {} if session is None else {"session": session}
+    assert isinstance(await peer.hello(client_id, options), Welcome)
+    await peer.send_bytes(encode(Advertise(1, "a", flt)))
+    assert await peer.receive() == Ack(1)
+    return peer
+
+
+async def publish_raw(peer: RawPeer, rid: int, seq: int, klass: str) -> Message:
+    """Publish seq ``seq`` of class ``klass`` on a raw connection; the broker's answer."""
+    await peer.send_bytes(encode(Publish(rid, seq, {"class": klass}, b"x")))
+    return await peer.receive()
+
+
+async def refusal(peer: RawPeer, rid: int, seq: int, klass: str) -> str:
+    """The message of the error a raw publication is answered with."""
+    refused = await publish_raw(peer, rid, seq, klass)
+    assert isinstance(refused, Error)
+    return refused.message
+
+
 async def test_a_publication_sent_again_in_its_session_is_acknowledged_and_routed_once(
     broker: BrokerProcess,
 ) -> None:
@@ -165,17 +189,11 @@ async def test_a_publication_sent_again_in_its_session_is_acknowledged_and_route
     session once."""
     flt = parse_filter("class = 'again'")
     subscriber = await RawPeer.connect(broker.endpoint)
-    publisher = await RawPeer.connect(broker.endpoint)
+    publisher = await raw_publisher(broker, "again-pub", flt, session="one")
     try:
         assert isinstance(await subscriber.hello("again-sub"), Welcome)
         await subscriber.send_bytes(encode(Subscribe(1, "s", flt)))
         assert await subscriber.receive() == Ack(1)
-        await publisher.send_bytes(
-            encode(Hello(PROTOCOL_VERSION, Role.CLIENT, "again-pub", {"session": "one"}))
-        )
-        assert isinstance(await publisher.receive(), Welcome)
-        await publisher.send_bytes(encode(Advertise(1, "a", flt)))
-        assert await publisher.receive() == Ack(1)
         for rid, seq in [(2, 1), (3, 1), (4, 2), (5, 1), (6, 2), (7, 3)]:
             await publisher.send_bytes(encode(Publish(rid, seq, {"class": "again"}, b"x")))
         assert [await publisher.receive() for _ in range(6)] == [Ack(r) for r in range(2, 8)]
@@ -199,40 +217,21 @@ async def test_a_seq_that_does_not_increase_in_its_session_is_refused_not_lost(
     acknowledged and then dropped by every subscriber (they deliver in seq order): refused
     now, naming the seq; the connection and the stream go on."""
     flt = parse_filter("class = 'order'")
-    publisher = await RawPeer.connect(broker.endpoint)
+    publisher = await raw_publisher(broker, "order-pub", flt, session="one")
     try:
-        await publisher.send_bytes(
-            encode(Hello(PROTOCOL_VERSION, Role.CLIENT, "order-pub", {"session": "one"}))
-        )
-        assert isinstance(await publisher.receive(), Welcome)
-        await publisher.send_bytes(encode(Advertise(1, "a", flt)))
-        assert await publisher.receive() == Ack(1)
-        await publisher.send_bytes(encode(Publish(2, 0, {"class": "order"}, b"x")))
-        refused = await publisher.receive()
-        assert isinstance(refused, Error)
-        assert "seq 0" in refused.message
-        await publisher.send_bytes(encode(Publish(3, 5, {"class": "order"}, b"x")))
-        assert await publisher.receive() == Ack(3)
+        assert "seq 0" in await refusal(publisher, 2, 0, "order")
+        assert await publish_raw(publisher, 3, 5, "order") == Ack(3)
         # 3 was never published: it is not a copy sent again, and it comes after 5
-        await publisher.send_bytes(encode(Publish(4, 3, {"class": "order"}, b"x")))
-        refused = await publisher.receive()
-        assert isinstance(refused, Error)
-        assert "seq 3: this session already published seq 5" in refused.message
-        await publisher.send_bytes(encode(Publish(5, 6, {"class": "order"}, b"x")))
-        assert await publisher.receive() == Ack(5)
+        message = await refusal(publisher, 4, 3, "order")
+        assert "seq 3: this session already published seq 5" in message
+        assert await publish_raw(publisher, 5, 6, "order") == Ack(5)
     finally:
         await publisher.close()
-    sessionless = await RawPeer.connect(broker.endpoint)  # the same, per connection
+    sessionless = await raw_publisher(broker, "order-raw", flt)  # the same, per connection
     try:
-        assert isinstance(await sessionless.hello("order-raw"), Welcome)
-        await sessionless.send_bytes(encode(Advertise(1, "a", flt)))
-        assert await sessionless.receive() == Ack(1)
-        for rid in (2, 3):
-            await sessionless.send_bytes(encode(Publish(rid, 4, {"class": "order"}, b"x")))
-        assert await sessionless.receive() == Ack(2)
-        refused = await sessionless.receive()
-        assert isinstance(refused, Error)
-        assert "seq 4: this connection already published seq 4" in refused.message
+        assert await publish_raw(sessionless, 2, 4, "order") == Ack(2)
+        message = await refusal(sessionless, 3, 4, "order")
+        assert "seq 4: this connection already published seq 4" in message
     finally:
         await sessionless.close()
 
@@ -248,10 +247,7 @@ async def test_a_second_client_with_a_live_clients_id_is_refused_and_the_first_k
         await sub.__aenter__()
         intruder = await RawPeer.connect(broker.endpoint)
         try:
-            await intruder.send_bytes(
-                encode(Hello(PROTOCOL_VERSION, Role.CLIENT, "owner", {"session": "other"}))
-            )
-            refused = await intruder.receive()
+            refused = await intruder.hello("owner", {"session": "other"})
             assert isinstance(refused, Error)
             assert refused.code == "not_authorized"
             assert "client id 'owner' is in use" in refused.message
