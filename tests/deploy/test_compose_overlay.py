@@ -196,15 +196,28 @@ def overlay(docker: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[C
         print(f"compose overlay down in {time.monotonic() - down:.1f} s")
 
 
-def test_containers_run_as_non_root_and_report_healthy(overlay: ComposeOverlay) -> None:
-    container = overlay.container("b1-1")
-    deadline = time.monotonic() + 60
+def wait_healthy(overlay: ComposeOverlay, container: str, timeout: float = 60) -> str:
+    """The container's health status once it is healthy, or the last one seen followed by
+    Docker's log of its checks (what each printed and when), for the failure message."""
+    deadline = time.monotonic() + timeout
     while True:
         state = json.loads(run([overlay.docker, "inspect", container]))[0]["State"]
-        if state.get("Health", {}).get("Status") == "healthy" or time.monotonic() > deadline:
-            break
-        time.sleep(1)
-    assert state["Health"]["Status"] == "healthy"
+        health = state.get("Health", {})
+        status = str(health.get("Status"))
+        if status == "healthy":
+            return status
+        if time.monotonic() > deadline:
+            checks = [
+                f"{c.get('Start')} exit {c.get('ExitCode')}: {str(c.get('Output')).strip()}"
+                for c in health.get("Log") or []
+            ]
+            return "\n".join([status, *checks])
+        time.sleep(0.5)
+
+
+def test_containers_run_as_non_root_and_report_healthy(overlay: ComposeOverlay) -> None:
+    container = overlay.container("b1-1")
+    assert wait_healthy(overlay, container) == "healthy"
     assert run([overlay.docker, "exec", container, "id", "-u"]).strip() == "10001"
 
 
@@ -307,17 +320,6 @@ def splits_toward(overlay: ComposeOverlay, forwarders: list[str], vn: str) -> di
             if name == vn:
                 counts[int(r)] = counts.get(int(r), 0) + n
     return counts
-
-
-def wait_healthy(overlay: ComposeOverlay, container: str, timeout: float = 30) -> str:
-    """The container's health status once it is healthy, or the last one seen."""
-    deadline = time.monotonic() + timeout
-    while True:
-        state = json.loads(run([overlay.docker, "inspect", container]))[0]["State"]
-        status = str(state.get("Health", {}).get("Status"))
-        if status == "healthy" or time.monotonic() > deadline:
-            return status
-        time.sleep(0.5)
 
 
 async def test_replicas_attach_to_the_middle_and_edge_vns_and_detach_while_publications_flow(
