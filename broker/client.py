@@ -281,7 +281,12 @@ class _Link(asyncio.Protocol):
                 f"broker's log says which check failed)",
                 f"{host}:{port}",
             )
-        hint = "" if self.heard or self.client.tls else "; a broker that speaks TLS only needs ca="
+        hint = (
+            ""
+            if self.heard or self.client.tls
+            else "; a broker that speaks TLS only needs ca=, any other closes a connection it "
+            "cannot serve (out of file descriptors, say) and its log says why"
+        )
         return ConnectionLost(f"connection closed during handshake ({exc or 'EOF'}){hint}")
 
     def pause_writing(self) -> None:

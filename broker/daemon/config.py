@@ -4,7 +4,7 @@ Precedence (later wins): defaults < config file < ``TRELLIS_<FIELD>`` environmen
 (JSON for a list or a table; ``TRELLIS_<TABLE>_<KEY>`` for one key of a table) < command-line
 shortcuts. A typo in the file is an error naming the key and the file, never silently ignored
 (``extra="forbid"``). Relative paths in the file are relative to the file's directory; the
-files a broker reads at start (manifest, key, TLS) are checked when the config loads.
+files a broker reads at start (manifest, key, TLS, trusted TDNs) are checked when the config loads.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -33,6 +33,7 @@ from broker.errors import TrellisError
 from broker.wire.protocol import DEFAULT_MAX_FRAME
 from overlay.manifest import Manifest
 from security.envelope import private_key_from_bytes
+from security.topics_identity import load_trusted_tdns
 
 ENV_PREFIX = "TRELLIS_"
 
@@ -61,6 +62,15 @@ class NeighbourConfig(BaseModel):
         if not 1 <= port <= 65535:
             raise ValueError(f"{value!r}: port {port} is not 1 to 65535")
         return value
+
+    @model_validator(mode="after")
+    def _replica_in_vn(self) -> NeighbourConfig:
+        if self.replica >= self.vn_size:
+            raise ValueError(
+                f"neighbour {self.id!r}: replica = {self.replica} with vn_size = "
+                f"{self.vn_size}: a VN's replicas are numbered 0 to vn_size - 1"
+            )
+        return self
 
     @property
     def vn_id(self) -> str:
@@ -305,6 +315,11 @@ class BrokerConfig(BaseModel):
     def _key_readable(cls, value: Path | None) -> Path | None:
         return _readable(value, _load_key, "not an Ed25519 private key (64 hex digits)")
 
+    @field_validator("topic_trust")
+    @classmethod
+    def _trusted_tdns_readable(cls, value: Path | None) -> Path | None:
+        return _readable(value, load_trusted_tdns, "not a trusted TDNs file")
+
     @field_validator("ready_file")
     @classmethod
     def _directory_exists(cls, value: Path | None) -> Path | None:
@@ -326,6 +341,7 @@ class BrokerConfig(BaseModel):
             twice = sorted({i for i in ids if ids.count(i) > 1})
             if twice:
                 raise ValueError(f"{key} lists {twice[0]!r} twice")
+        _same_vn_agrees(self.neighbours)
         return self
 
     @model_validator(mode="after")
@@ -343,6 +359,24 @@ class BrokerConfig(BaseModel):
     def tls(self) -> bool:
         """Whether the broker speaks TLS (its listener and its links)."""
         return self.tls_cert is not None
+
+
+def _same_vn_agrees(neighbours: Sequence[NeighbourConfig]) -> None:
+    """Neighbours of one VN name one size for it and a replica index each."""
+    seen: dict[str, NeighbourConfig] = {}
+    taken: dict[tuple[str, int], str] = {}
+    for n in neighbours:
+        first = seen.setdefault(n.vn_id, n)
+        if n.vn_size != first.vn_size:
+            raise ValueError(
+                f"neighbours {first.id!r} and {n.id!r} of VN {n.vn_id!r} disagree on its "
+                f"vn_size ({first.vn_size} and {n.vn_size})"
+            )
+        other = taken.setdefault((n.vn_id, n.replica), n.id)
+        if other != n.id:
+            raise ValueError(
+                f"neighbours {other!r} and {n.id!r} are both replica {n.replica} of VN {n.vn_id!r}"
+            )
 
 
 def _readable(path: Path | None, load: Callable[[Path], object], what: str) -> Path | None:

@@ -150,6 +150,28 @@ def test_a_neighbour_listed_twice_is_refused(tmp_path: Path) -> None:
         load_config(path, environ={})
 
 
+def test_a_neighbour_replica_index_outside_its_vn_is_refused() -> None:
+    entry = {"id": "b2.3", "endpoint": "127.0.0.1:41999", "vn": "b2", "replica": 3, "vn_size": 3}
+    with pytest.raises(ConfigError, match=r"neighbours\.0 .*neighbour 'b2\.3': replica = 3"):
+        load_config(None, {"neighbours": [entry]}, environ={})
+
+
+@pytest.mark.parametrize(
+    ("second", "why"),
+    [
+        ({"replica": 1, "vn_size": 4}, "'b2.0' and 'b2.1' of VN 'b2' disagree on its vn_size"),
+        ({"replica": 0, "vn_size": 3}, "'b2.0' and 'b2.1' are both replica 0 of VN 'b2'"),
+    ],
+)
+def test_neighbours_of_one_vn_that_disagree_about_it_are_refused(
+    second: dict[str, int], why: str
+) -> None:
+    first = {"id": "b2.0", "endpoint": "127.0.0.1:41999", "vn": "b2", "replica": 0, "vn_size": 3}
+    other = {"id": "b2.1", "endpoint": "127.0.0.1:41998", "vn": "b2", **second}
+    with pytest.raises(ConfigError, match=why):
+        load_config(None, {"neighbours": [first, other]}, environ={})
+
+
 @pytest.mark.parametrize("port", ["99999", "65536", "0"])
 def test_a_neighbour_port_outside_1_to_65535_is_refused(tmp_path: Path, port: str) -> None:
     path = tmp_path / "broker.toml"

@@ -36,6 +36,7 @@ def test_relative_paths_in_a_config_file_are_relative_to_its_directory(
     ca = create_ca()
     write_issued(issue(ca, "b1", "broker"), ca, conf / "tls", "b1")
     (conf / "run").mkdir()
+    (conf / "trusted.json").write_text("{}")
     path = conf / "broker.toml"
     path.write_text(
         "id = 'b1'\nkey_file = 'keys/b1.key'\nmanifest = 'keys/manifest.json'\n"
@@ -93,6 +94,8 @@ def test_a_missing_file_is_reported_at_its_resolved_path(tmp_path: Path) -> None
         ("manifest", '{"tree": {}}', "not a valid overlay manifest (malformed manifest"),
         ("key_file", "zz\n", "not an Ed25519 private key (64 hex digits) (non-hexadecimal"),
         ("key_file", "abcd\n", "not an Ed25519 private key (64 hex digits)"),
+        ("topic_trust", "{not json", "not a trusted TDNs file (cannot read the trusted TDNs"),
+        ("topic_trust", '{"tdn": "abc"}', "not a trusted TDNs file (cannot read the trusted"),
     ],
 )
 def test_a_file_that_is_not_what_its_key_needs_names_the_key_and_the_file(

@@ -160,8 +160,8 @@ def test_errors_are_one_line_naming_the_command(
 
 
 def test_sdk_hints_name_the_cli_options() -> None:
-    hint = "closed during handshake (EOF); a broker that speaks TLS only needs ca=) within 5 s"
-    assert cli.as_flags(hint).endswith("needs --ca) within 5 s")
+    hint = "closed during handshake (EOF); a broker that speaks TLS only needs ca=, any other"
+    assert cli.as_flags(hint).endswith("needs --ca, any other")
     assert cli.as_flags("a client certificate needs the CA too (ca=)") == (
         "a client certificate needs the CA too (--ca)"
     )
