@@ -713,7 +713,8 @@ class _Search:
                 tabu.clear()
                 ev.reset(best_links)
                 self._set(_adjacency(names, best_links))
-                self._kick(3)
+                # Each restart shakes harder: a basin that 3 swaps cannot leave, more may.
+                self._kick(3 + 2 * (_RESTARTS - 1 - restarts))
             if best_key[0] == 0 and best_key[1] >= _PERFECT:
                 break  # nothing can beat it but a cheaper tree of equal trust
             chosen: Any = None
@@ -1090,7 +1091,7 @@ def plan_rebuild(
     else:
         deadline = time.monotonic() + params.time_limit
         n = len(names)
-        cost_params = TabuParams(candidates=min(n, 32), iterations=min(2 * n, 120), tenure=3)
+        cost_params = TabuParams(candidates=min(n, 32), iterations=max(40, min(2 * n, 120)), tenure=3)
         cost_search = tabu_search(ev, rng=rng, params=cost_params)
         cheapest = cost_search.best_links
         best_cost = min(start_cost, cost_search.best_cost)
