@@ -1091,7 +1091,9 @@ def plan_rebuild(
     else:
         deadline = time.monotonic() + params.time_limit
         n = len(names)
-        cost_params = TabuParams(candidates=min(n, 32), iterations=max(40, min(2 * n, 120)), tenure=3)
+        # At least 40 iterations: on a handful of VNs 2n left every tree in the budget unseen.
+        iterations = max(40, min(2 * n, 120))
+        cost_params = TabuParams(candidates=min(n, 32), iterations=iterations, tenure=3)
         cost_search = tabu_search(ev, rng=rng, params=cost_params)
         cheapest = cost_search.best_links
         best_cost = min(start_cost, cost_search.best_cost)
