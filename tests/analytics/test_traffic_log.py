@@ -36,7 +36,9 @@ def config(tmp_path: Path, **log: object) -> BrokerConfig:
             "id": "b1.0",
             "vn": "b1",
             "vn_size": 3,
-            "neighbours": [{"id": "b0.1", "endpoint": "h:1", "vn": "b0", "replica": 1}],
+            "neighbours": [
+                {"id": "b0.1", "endpoint": "h:1", "vn": "b0", "replica": 1, "vn_size": 3}
+            ],
             "traffic_log": {"dir": str(tmp_path), **log},
         }
     )
