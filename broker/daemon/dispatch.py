@@ -804,6 +804,9 @@ class Broker:
     def standby(self) -> Collection[str]:
         return self.standby_vns
 
+    def links_down(self) -> list[str]:
+        return sorted(peer for peer in self.neighbours if peer not in self.links)
+
     def traffic_classes(self) -> Mapping[tuple[Hop, ...], int]:
         return self.forwarder.traffic
 
@@ -892,7 +895,7 @@ class Broker:
     def health(self) -> dict[str, object]:
         """The broker's state at a glance (``/healthz``): ``degraded`` while a link to a
         current neighbour is down, naming it in ``missing_links``."""
-        missing = sorted(peer for peer in self.neighbours if peer not in self.links)
+        missing = self.links_down()
         manifest = self.shares.manifest
         return {
             "status": "degraded" if missing else "ok",

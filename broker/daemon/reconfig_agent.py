@@ -12,6 +12,7 @@ each member broker over a short-lived *control connection* (HELLO with ``control
 1. ``lock``: each member grants a lease or refuses at once. Nobody waits for a lock, so
    two masters cannot deadlock: the refused one releases what it got and tries again at
    its next (jittered) turn. A lease expires on its own (a timer) if its master goes silent.
+   A member whose links the round needs are not all up refuses (:meth:`_links_down_for`).
 2. The coordinator plans from the traffic classes it counted since its last window
    (:mod:`reconfig.ocbr`); without a cheaper tree it unlocks and stops here.
 3. ``prepare`` then ``connect``: members first check the plan against their own view and
@@ -187,6 +188,10 @@ class Neighbourhood(Protocol):
 
     def standby(self) -> Collection[str]:
         """VNs linked for a round in progress, not routed over yet."""
+
+    def links_down(self) -> list[str]:
+        """Current neighbour brokers whose link is not up (one restarting, a link being
+        dialled again)."""
 
     def traffic_classes(self) -> Mapping[tuple[Hop, ...], int]: ...
 
@@ -987,6 +992,13 @@ class ReconfigAgent:
         """Run one step of a round at this broker."""
         if isinstance(step, Lock):
             self._expire_lease()
+            down = self._links_down_for(step.master)
+            if down:
+                return Reply(
+                    False,
+                    f"{self.hood.broker_id}: refused: links to {', '.join(down)} are not up "
+                    "(a round drains and vouches over them)",
+                )
             reply = self.member.lock(
                 step,
                 time.monotonic(),
@@ -1035,6 +1047,20 @@ class ReconfigAgent:
                 return
             self.abort(lease.round)
             self._release()
+
+    def _links_down_for(self, master: str) -> list[str]:
+        """The links a round of ``master`` needs that are down: a replica of the master VN
+        drains and vouches over its links to every neighbour VN, any other member over its
+        links to the master VN's replicas. A member missing one (a replica just restarted,
+        its links still coming up) would miss markers or a neighbour's routing state, and
+        the master VN's replicas would vouch for different tables: some members would
+        switch and others go back (seen: a restarted replica's VN split for a repair
+        interval). So the lock is refused until they are up."""
+        h = self.hood
+        down = h.links_down()
+        if h.vn == master:
+            return down
+        return [p for p in down if p in h.directory and h.directory[p].vn_id == master]
 
     def _release(self) -> None:
         self.member.finish()
@@ -1200,6 +1226,9 @@ class ReconfigAgent:
             pending.master,
         )
         self._switch(pending, *chosen)
+        # Siblings without those vouches went back: f + 1 of them then decide (the reverse
+        # of a replica that went back while its siblings switched, see abort()).
+        self._repair_soon(delay=_RECHECK)
         return True
 
     def _vouch(self, pending: Pending, tables: WireTables) -> None:
