@@ -6,12 +6,21 @@ import asyncio
 import itertools
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from broker.client import Client, Delivery, Subscription
 from broker.errors import TrellisTimeout
 from broker.tools.local import LocalOverlay
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 60.0, what: str = "") -> None:
+    """Wait, blocking, for a condition on processes or files (tests that are not async)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout:g} s {what}".strip()
+        time.sleep(0.02)
 
 
 async def until(check: Callable[[], bool], timeout: float = 5.0) -> None:

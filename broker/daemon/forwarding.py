@@ -137,13 +137,13 @@ class Forwarder:
             )
         sec = msg.sec
         if sec is None:
-            seen.mark(client_id, msg.seq)
+            seen.add(client_id, msg.seq)
             self.route(source, client_id, msg.seq, msg.attrs, msg.payload, sender=client_id)
             return None
         problem = self.shares.check_publish(client_id, msg)
         if problem:
             return InvalidRequest(f"PUBLISH seq {msg.seq}: {problem}")
-        seen.mark(client_id, msg.seq)
+        seen.add(client_id, msg.seq)
         self.route(
             source,
             client_id,

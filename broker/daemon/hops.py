@@ -158,10 +158,6 @@ class SeenPublications:
         bits = window.bits
         return index >= len(bits) or not (bits[index] >> (offset & 7)) & 1
 
-    def mark(self, publisher: str, seq: int) -> None:
-        """Record (publisher, seq) as routed."""
-        self.add(publisher, seq)
-
     def add(self, publisher: str, seq: int) -> bool:
         """Record (publisher, seq) as routed; whether it was fresh (one lookup for both)."""
         window = self._windows.get(publisher)

@@ -8,8 +8,6 @@ different tables; some members switched, their siblings went back)."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,20 +17,13 @@ from broker.tools.rebuild_apply import ask_move
 from overlay.tree import Tree
 from reconfig.rebuild import Move
 from tests.hosts.net import HostOverlay, Network, start_host_overlay
+from tests.support import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("hosts_available")]
 
 TREE = Tree(["b", "c", "d"], [("b", "c"), ("b", "d")])
 REPLICAS = {"b": 3, "c": 1, "d": 1}
 MOVE = Move("b", "d", "c")  # at master b: d leaves b for c
-
-
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what}")
-        time.sleep(0.2)
 
 
 def missing(overlay: HostOverlay, broker: str) -> list[str]:
@@ -55,7 +46,9 @@ def test_a_round_whose_member_lacks_a_link_to_a_master_replica_is_refused_until_
         )
         # b.2 and c lose each other; the coordinator b.0 still reaches every member.
         network.cut(["b.2"], ["c"])
-        wait_for(lambda: missing(overlay, "c") == ["b.2"], "c notices its link to b.2 is down")
+        wait_for(
+            lambda: missing(overlay, "c") == ["b.2"], 20, "for c to notice its link to b.2 is down"
+        )
         ok, error, coordinator = asyncio.run(ask_move(overlay.describe(), MOVE, "cut", 30.0))
         assert not ok
         assert coordinator == "b.0"
@@ -66,11 +59,13 @@ def test_a_round_whose_member_lacks_a_link_to_a_master_replica_is_refused_until_
         network.heal()
         wait_for(
             lambda: not missing(overlay, "c") and not missing(overlay, "b.2"),
-            "the link b.2-c is back",
-            timeout=30.0,
+            30,
+            "for the link b.2-c to come back",
         )
         ok, error, _ = asyncio.run(ask_move(overlay.describe(), MOVE, "healed", 30.0))
         assert ok, error
-        wait_for(lambda: set(overlay.live_tree(10.0).neighbours("d")) == {"c"}, "d moved to c")
+        wait_for(
+            lambda: set(overlay.live_tree(10.0).neighbours("d")) == {"c"}, 20, "for d to move to c"
+        )
     finally:
         network.close()

@@ -9,13 +9,12 @@ import re
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support import trellis
+from tests.support import trellis, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -33,13 +32,6 @@ def processes_under(directory: Path) -> list[int]:
         if str(directory) in cmdline:
             found.append(int(entry.name))
     return found
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ def test_routed_seqs_are_never_fresh_and_recent_unrouted_ones_always_are(
     seen = SeenPublications(horizon=HORIZON)
     routed: dict[str, set[int]] = {"p": set(), "q": set()}
     for publisher, seq in marks:
-        seen.mark(publisher, seq)
+        seen.add(publisher, seq)
         routed[publisher].add(seq)
         assert not seen.fresh(publisher, seq)
     for publisher, seqs in routed.items():
@@ -32,7 +32,7 @@ def test_routed_seqs_are_never_fresh_and_recent_unrouted_ones_always_are(
 def test_a_sparse_stream_costs_a_bounded_bitmap_not_a_set_of_its_seqs() -> None:
     seen = SeenPublications(horizon=65536)
     for seq in range(1, 1_000_000, 3):  # a broker sees one publication in three
-        seen.mark("p", seq)
+        seen.add("p", seq)
     window = seen._windows["p"]
     assert len(window.bits) <= 65536 // 4
     assert not seen.fresh("p", 999_997)
@@ -42,8 +42,8 @@ def test_a_sparse_stream_costs_a_bounded_bitmap_not_a_set_of_its_seqs() -> None:
 def test_only_the_most_recently_active_publishers_are_remembered() -> None:
     seen = SeenPublications(max_publishers=3)
     for publisher in "abcd":
-        seen.mark(publisher, 1)
-    seen.mark("b", 9)  # a new seq (in a new byte of its bitmap) makes it recent
-    seen.mark("e", 1)
+        seen.add(publisher, 1)
+    seen.add("b", 9)  # a new seq (in a new byte of its bitmap) makes it recent
+    seen.add("e", 1)
     assert len(seen) == 3
     assert [p for p in "abcde" if seen.fresh(p, 1)] == ["a", "c"]
