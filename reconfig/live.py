@@ -319,13 +319,22 @@ def vouch_quorum(vn_size: int) -> int:
     return (vn_size - 1) // 2 + 1
 
 
+MAX_HOLD_LEASES = 3
+"""A lease a round's steps keep renewing still ends this many lease lengths after it was
+granted: no master holds a member longer, however many steps it sends."""
+
+
 @dataclass
 class Lease:
-    """A neighbourhood lock this broker granted."""
+    """A neighbourhood lock this broker granted: it ends ``length`` seconds after the
+    master's latest step of the round (:meth:`MemberRounds.renew`), and never later than
+    ``MAX_HOLD_LEASES`` lengths after ``granted``."""
 
     round: str
     master: str
     expires: float
+    granted: float = 0.0
+    length: float = 0.0
 
 
 @dataclass
@@ -386,9 +395,20 @@ class MemberRounds:
         if coordinating is not None and coordinating != step.round:
             return Reply(False, f"{self.me} is master of its own round")
         if self.lease is None:
-            # Asked again, the lease is not extended: no master holds a member past one lease.
-            self.lease = Lease(step.round, step.master, now + step.lease)
+            # Asked again, the lease is not extended: only the round's steps renew it.
+            self.lease = Lease(step.round, step.master, now + step.lease, now, step.lease)
         return OK
+
+    def renew(self, round_id: str, now: float) -> float | None:
+        """A step of ``round_id`` arrived or ended here at ``now``: its master is alive, so
+        the lease runs one length from now (capped; see :data:`MAX_HOLD_LEASES`). Returns
+        the new expiry, or None when this broker holds no lease for that round."""
+        lease = self.lease
+        if lease is None or lease.round != round_id:
+            return None
+        cap = lease.granted + MAX_HOLD_LEASES * lease.length
+        lease.expires = max(lease.expires, min(now + lease.length, cap))
+        return lease.expires
 
     def expired(self, now: float) -> Lease | None:
         """The lease, if it ran out by ``now`` (the caller aborts its round)."""

@@ -67,8 +67,13 @@ install a wrong plan, wrong links or wrong routing tables. The rule, in three pa
   ``resume`` first) installs them when its lease ends: a replica of the master VN has
   switched, so going back would leave it alone on the old tree.
 
-Traffic is held back at most one lease per lock: asking again for a lock does not extend
-it, and ``unlock`` after ``prepare`` undoes the round like ``abort``.
+Traffic is held back at most one lease after the master's latest step, and never more than
+``MAX_HOLD_LEASES`` leases per lock: each step of the round renews the lease when it
+arrives (and the freeze once drained), asking again for a lock does not, and ``unlock``
+after ``prepare`` undoes the round like ``abort``. A coordinator whose freeze took so long
+that an install might reach a member after that member's lease ended aborts instead of
+installing: nobody has vouched for tables yet, so every member goes back alike (an install
+after the lease once left members split between the two trees until the next repair).
 
 What a Byzantine coordinator can still do is deny service: refuse to run rounds, propose
 trees that do not lower the cost, or, as a crashed one can, leave a round half-applied by
@@ -155,6 +160,9 @@ _ASK_AGAIN = 0.2
 _RECHECK = 1.0  # seconds from a repair to the next check
 # Seconds a freeze waits for its publishers' marks (a client answers within a round trip).
 _MARK_PATIENCE = 1.0
+# The share of a lease an install must have left, counted from the freeze step: what it
+# needs to reach every member (whose lease its freeze renewed) before that lease ends.
+_INSTALL_MARGIN = 0.25
 
 
 class Neighbourhood(Protocol):
@@ -533,12 +541,21 @@ class ReconfigAgent:
             record["refusals"] = refused
             await self._abort_all(channels, round_id)
             return "aborted: new links did not come up"
+        froze_at = time.monotonic()
         refused = await self._step(channels, Step("freeze", round_id))
         if refused:
             record["refusals"] = refused
             await self._abort_all(channels, round_id)
             return "aborted: the neighbourhood did not drain"
         tables = self.propose_tables(await self.tables(new_links))
+        lease = self.settings.lock_lease
+        if time.monotonic() - froze_at > lease * (1 - _INSTALL_MARGIN):
+            # Every member renewed its lease when the freeze reached it (after froze_at):
+            # an install that may reach one after that lease ended would find it gone
+            # back while the master VN's replicas switch. Nobody has vouched yet, so
+            # going back now is the same decision everywhere.
+            await self._abort_all(channels, round_id)
+            return "aborted: the neighbourhood drained too slowly to install within the lease"
         empty: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
         installs = [self.handle(Install("install", round_id, *tables.get(h.vn, empty)))]
         installs += [
@@ -1015,6 +1032,7 @@ class ReconfigAgent:
         refusal = self.member.locked_for(step.round)
         if refusal is not None:
             return refusal
+        self._renew(step.round)
         if step.op == "unlock":
             self.abort(step.round)  # after prepare, unlocking also undoes the round
             return OK
@@ -1027,6 +1045,13 @@ class ReconfigAgent:
         if action is None:
             return Reply(False, f"{step.op} is not valid after prepare")
         return await action(self, pending, step)
+
+    def _renew(self, round_id: str) -> None:
+        """A step of the round this broker is locked for arrived or ended: its master is
+        alive, so the lease runs from now (see :meth:`MemberRounds.renew`)."""
+        expires = self.member.renew(round_id, time.monotonic())
+        if expires is not None:
+            self._arm_lease_timer(expires - time.monotonic())
 
     def _arm_lease_timer(self, seconds: float) -> None:
         if self._lease_timer is not None:
@@ -1137,6 +1162,7 @@ class ReconfigAgent:
         if not ok:
             return Reply(False, f"{h.broker_id}: drain markers missing")
         pending.drained = True
+        self._renew(pending.round)
         return OK
 
     def _send_markers(self, round_id: str, wave: int, peers: set[str], digest: str) -> None:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from overlay.tree import Link, Tree, broker_names, link, random_tree
 from reconfig.live import (
+    MAX_HOLD_LEASES,
     Install,
     Lock,
     MarkerBook,
@@ -228,3 +229,14 @@ def test_asking_again_for_a_lock_does_not_extend_it() -> None:
     assert member.lock(lock, 4.0, enabled=True, coordinating=None).ok
     assert member.expired(5.5) is not None
     assert not member.lock(Lock("lock", "s", "m", 5.0), 1.0, enabled=True, coordinating=None).ok
+
+
+def test_a_rounds_steps_renew_its_lease_up_to_the_cap() -> None:
+    member = MemberRounds("a.1")
+    assert member.lock(Lock("lock", "r", "m", 5.0), 0.0, enabled=True, coordinating=None).ok
+    assert member.renew("other", 4.0) is None  # a step of another round renews nothing
+    assert member.renew("r", 4.0) == 9.0
+    assert member.expired(8.0) is None
+    assert member.renew("r", 3.0) == 9.0  # never shortened
+    assert member.renew("r", 12.0) == MAX_HOLD_LEASES * 5.0  # capped
+    assert member.expired(MAX_HOLD_LEASES * 5.0 + 0.1) is not None

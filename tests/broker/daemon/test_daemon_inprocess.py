@@ -157,6 +157,29 @@ async def test_a_control_channel_idle_between_steps_is_not_closed_as_silent() ->
         assert reply.ok, reply
 
 
+async def test_each_step_of_a_round_renews_the_members_lease() -> None:
+    """A lease runs one length from the master's latest step, not from the lock: a round
+    whose steps took longer than one lease in all had members go back on their own while
+    the master VN's replicas switched (an install 7 s after the drain, leases of 5 s)."""
+    coordinator = {"id": "c1", "endpoint": "127.0.0.1:1"}
+    async with serving(id="m1", neighbours=[coordinator], reconfig={"enabled": True}) as server:
+        member = server.broker.reconfig.member
+        channel = ControlChannel("c1", "m1", endpoint(server))
+        await channel.open(5)
+        try:
+            lock = await channel.request("lock", {"round": "c#1", "master": "c", "lease": 1.0}, 5)
+            assert lock.ok, lock
+            await asyncio.sleep(0.7)
+            # Not prepared yet, so refused: but it came from the live master of the round.
+            await channel.request("connect", {"round": "c#1"}, 5)
+            await asyncio.sleep(0.6)  # 1.3 s after the lock, 0.6 s after the step
+            assert member.lease is not None
+            assert member.lease.round == "c#1"
+            await until(lambda: member.lease is None, timeout=2)
+        finally:
+            await channel.close()
+
+
 async def test_an_undialable_neighbour_warns_once_and_healthz_reports_it_missing(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
