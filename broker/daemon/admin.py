@@ -185,7 +185,7 @@ class BrokerCollector:
         yield copy_blame
         yield counter(
             "trellis_bad_signatures",
-            "Confidential publications discarded: publisher signature did not verify",
+            "Confidential PUBLISH refused: the publisher signature did not verify",
             s.bad_signatures,
         )
         yield counter(

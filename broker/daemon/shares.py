@@ -44,7 +44,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from broker.daemon.config import BrokerConfig, NeighbourConfig
 from broker.daemon.hops import Hop, Member, VNHop
@@ -233,6 +233,7 @@ class SecureForwarding:
         if sec.epoch > msg.seq:
             return f"epoch {sec.epoch} starts after the publication itself"
         if not signature_valid(publisher, msg.seq, msg.attrs, msg.payload, sec):
+            self.stats.bad_signatures += 1
             return "the publisher signature does not verify"
         if sec.share is None:
             return None
@@ -247,28 +248,6 @@ class SecureForwarding:
         if record.lineage != (self.replica,):
             return f"share {record.lineage} is not for replica {self.replica}"
         return None
-
-    def content_valid(
-        self,
-        publisher: str,
-        seq: int,
-        attrs: Any,
-        payload: bytes,
-        sec: SecBlock,
-        sender: str | None,
-    ) -> bool:
-        """Whether a forwarded confidential publication carries its publisher's valid
-        signature; a copy that does not is counted and discarded."""
-        if signature_valid(publisher, seq, attrs, payload, sec):
-            return True
-        self.stats.bad_signatures += 1
-        log.warning(
-            "discarding %s/%d from %s: publisher signature does not verify",
-            publisher,
-            seq,
-            sender,
-        )
-        return False
 
     def _remember(
         self, table: OrderedDict[tuple[str, int], list[T]], key: tuple[str, int]

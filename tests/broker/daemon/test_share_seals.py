@@ -22,6 +22,7 @@ from broker.daemon.config import BrokerConfig
 from broker.daemon.hops import VNHop
 from broker.daemon.shares import SecureForwarding
 from broker.daemon.stats import BrokerStats
+from broker.wire.protocol import Publish
 from overlay.manifest import Manifest
 from overlay.tree import line_tree
 from security import propagation
@@ -32,7 +33,7 @@ from security.envelope import (
     public_key_to_bytes,
 )
 from security.propagation import ShareRecord, publisher_split, resplit, threshold_for
-from security.publication import SecBlock, publication_id
+from security.publication import EpochKey, SecBlock, publication_id
 
 K = threshold_for(3)
 
@@ -257,3 +258,17 @@ async def test_a_spare_split_is_sent_by_its_timer_when_nothing_else_is_written(
     assert [len(hop.members[f"c.{i}"].epochs()) for i in range(3)] == [2, 2, 2]
     await asyncio.sleep(0.1)
     assert [len(hop.members[f"c.{i}"].epochs()) for i in range(3)] == [3, 3, 3]
+
+
+def test_a_publish_whose_signature_fails_is_refused_and_counted(tmp_path: Path) -> None:
+    _, config = replica_b0(tmp_path, "b")
+    forwarding = SecureForwarding(config, "b", BrokerStats(), {})
+    publisher = Signer("pub", generate_signing_key())
+    epoch = EpochKey.start(publisher, 4, "b", 3)
+    epoch.seal(publisher, 4, {"class": "q"}, b"first")  # opens the epoch
+    sealed, sec = epoch.seal(publisher, 5, {"class": "q"}, b"second")
+    assert forwarding.check_publish("pub", Publish(1, 5, {"class": "q"}, sealed, sec)) is None
+    bent = bytes([sealed[0] ^ 1]) + sealed[1:]
+    problem = forwarding.check_publish("pub", Publish(2, 5, {"class": "q"}, bent, sec))
+    assert problem == "the publisher signature does not verify"
+    assert forwarding.stats.bad_signatures == 1
