@@ -71,8 +71,8 @@ Traffic is held back at most one lease after the master's latest step, and never
 ``MAX_HOLD_LEASES`` leases per lock: each step of the round renews the lease when it
 arrives (and the freeze once drained), asking again for a lock does not, and ``unlock``
 after ``prepare`` undoes the round like ``abort``. A coordinator whose freeze took so long
-that an install might reach a member after that member's lease ended aborts instead of
-installing: nobody has vouched for tables yet, so every member goes back alike (an install
+(or whose round is so old) that an install might reach a member after that member's lease
+ended aborts instead of installing: nobody has vouched for tables yet, so every member goes back alike (an install
 after the lease once left members split between the two trees until the next repair).
 
 What a Byzantine coordinator can still do is deny service: refuse to run rounds, propose
@@ -122,6 +122,7 @@ from broker.wire.protocol import (
 from overlay.tree import Link, link
 from reconfig.cost import CostModel, LocalView, SwapEvaluator
 from reconfig.live import (
+    MAX_HOLD_LEASES,
     OK,
     Install,
     Lock,
@@ -494,6 +495,7 @@ class ReconfigAgent:
             self.stats.refused += 1
             return f"refused: {', '.join(failed)} unreachable"
         lock = Lock("lock", round_id, h.vn, self.settings.lock_lease)
+        locked_at = time.monotonic()
         unlock = Step("unlock", round_id)
         if not (await self.handle(lock)).ok:
             self.stats.refused += 1
@@ -549,9 +551,12 @@ class ReconfigAgent:
             return "aborted: the neighbourhood did not drain"
         tables = self.propose_tables(await self.tables(new_links))
         lease = self.settings.lock_lease
-        if time.monotonic() - froze_at > lease * (1 - _INSTALL_MARGIN):
-            # Every member renewed its lease when the freeze reached it (after froze_at):
-            # an install that may reach one after that lease ended would find it gone
+        now = time.monotonic()
+        drained_late = now - froze_at > lease * (1 - _INSTALL_MARGIN)
+        if drained_late or now - locked_at > lease * (MAX_HOLD_LEASES - 1):
+            # Every member renewed its lease when the freeze reached it (after froze_at),
+            # up to its cap (after locked_at): an install that may reach one after that
+            # lease ended, or whose wait for vouches may outlast it, would find it gone
             # back while the master VN's replicas switch. Nobody has vouched yet, so
             # going back now is the same decision everywhere.
             await self._abort_all(channels, round_id)
