@@ -626,22 +626,21 @@ class Connection(asyncio.Protocol):
         """Count this replica's vote for a routing entry; apply it at the VN's majority."""
         assert self.peer_id is not None
         if hop.vote(self.peer_id, (kind, key, flt)):
-            hop.forget("un" + kind, key)
             self.broker.execute(apply(hop, key, flt))
 
     def vote_to_remove(
         self, hop: VNHop, kind: str, key: str, known: bool, apply: Callable[[VNHop, str], Actions]
     ) -> None:
-        """Count a vote to remove an entry; refuse removals of state nobody announced."""
+        """Count a vote to remove an entry and apply it at the VN's majority; refuse
+        removals of state nobody announced. (A removal already applied still takes late
+        replicas' votes; it used to take every vote after the first as late, so with
+        replicated VNs nothing was ever withdrawn past the client's edge VN.)"""
         assert self.peer_id is not None
         removal = "un" + kind
-        if hop.has_votes(removal, key):
-            hop.vote(self.peer_id, (removal, key))  # a late replica's copy of an applied removal
-        elif not known and not hop.has_votes(kind, key):
+        if not known and not hop.has_votes(kind, key) and not hop.has_votes(removal, key):
             message, what = _REMOVALS[kind]
             self.reject(0, UnknownState(f"{message} of unknown {what} '{key}'"))
-        elif hop.vote(self.peer_id, (removal, key)):
-            hop.forget(kind, key)
+        elif hop.vote(self.peer_id, (removal, key)) and known:
             self.broker.execute(apply(hop, key))
 
     def answer_step(self, reply: Reply) -> None:

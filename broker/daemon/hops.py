@@ -13,6 +13,10 @@ from typing import Protocol
 
 from broker.wire.protocol import Message
 
+Entry = tuple[object, ...]
+"""A routing entry a neighbouring VN's replica announces: ``(kind, key, filter)`` adds it,
+``("un" + kind, key)`` removes it (kind ``adv`` or ``sub``)."""
+
 
 class Hop(Protocol):
     """One next hop of the router: a local client, a broker link, or a neighbouring VN."""
@@ -77,7 +81,11 @@ class VNHop:
         self.size = size
         self.quorum = size // 2 + 1
         self.members: dict[str, Member] = {}
-        self._votes: dict[tuple[object, ...], set[str]] = {}
+        # entry -> the members whose latest word it is; (kind, key) -> those entries;
+        # (kind without "un", key) -> member -> its latest word (see vote()).
+        self._votes: dict[Entry, set[str]] = {}
+        self._entries: dict[tuple[str, str], set[Entry]] = {}
+        self._said: dict[tuple[str, str], dict[str, Entry]] = {}
 
     def __repr__(self) -> str:
         return f"<vn {self.peer_id} {sorted(self.members)}/{self.size}>"
@@ -98,23 +106,66 @@ class VNHop:
     def note_dropped(self, keys: list[str]) -> None:
         raise AssertionError(f"a delivery to {self!r} cannot be dropped: links never drop")
 
-    def vote(self, member: str, entry: tuple[object, ...]) -> bool:
-        """Count ``member``'s vote for ``entry``; True exactly when it reaches the quorum."""
-        voters = self._votes.setdefault(entry, set())
-        if member in voters:
+    def vote(self, member: str, entry: Entry) -> bool:
+        """Record ``entry`` as ``member``'s latest word on its routing entry: an addition
+        ``(kind, key, filter)`` or a removal ``("un" + kind, key)``. True exactly when
+        this makes ``entry`` reach the quorum.
+
+        Only a member's latest word counts (it replaces what the member said before about
+        the same kind and key): a replica whose client advertised and left at once may
+        send both before another replica's advertisement arrives, and its removal must
+        still count once that advertisement is in force."""
+        kind, key = entry[0], entry[1]
+        assert isinstance(kind, str)
+        assert isinstance(key, str)
+        base = kind[2:] if kind.startswith("un") else kind
+        said = self._said.setdefault((base, key), {})
+        before = said.get(member)
+        if before == entry:
             return False
+        if before is not None:
+            self._drop_voter(before, member)
+        said[member] = entry
+        voters = self._votes.get(entry)
+        if voters is None:
+            voters = self._votes[entry] = set()
+            self._entries.setdefault((kind, key), set()).add(entry)
         voters.add(member)
+        if kind != base and len(voters) >= self.size:
+            # Every replica removed it: no late word is left to recognise.
+            self._drop_entry(entry)
+            for voter in voters:
+                said.pop(voter, None)
+            if not said:
+                del self._said[(base, key)]
         return len(voters) == self.quorum
 
-    def has_votes(self, *prefix: object) -> bool:
-        n = len(prefix)
-        return any(e[:n] == prefix for e in self._votes)
+    def has_votes(self, kind: str, key: str) -> bool:
+        """Whether some member's latest word on ``key`` is of ``kind``."""
+        return (kind, key) in self._entries
 
-    def forget(self, *prefix: object) -> None:
-        """Drop the votes on entries starting with ``prefix`` (their outcome is applied)."""
-        n = len(prefix)
-        for entry in [e for e in self._votes if e[:n] == prefix]:
-            del self._votes[entry]
+    def forget(self) -> None:
+        """Drop every vote: the routing state learned from this VN was replaced wholesale
+        (a live round installed tables, or the VN went away)."""
+        self._votes.clear()
+        self._entries.clear()
+        self._said.clear()
+
+    def _drop_voter(self, entry: Entry, member: str) -> None:
+        voters = self._votes.get(entry)
+        if voters is not None:
+            voters.discard(member)
+            if not voters:
+                self._drop_entry(entry)
+
+    def _drop_entry(self, entry: Entry) -> None:
+        del self._votes[entry]
+        group = (str(entry[0]), str(entry[1]))
+        entries = self._entries.get(group)
+        if entries is not None:
+            entries.discard(entry)
+            if not entries:
+                del self._entries[group]
 
 
 class _SeqWindow:

@@ -89,3 +89,30 @@ async def test_corrupting_minority_cannot_alter_what_subscribers_receive(run_vns
             await pub.publish({"class": "v", "i": i}, b"genuine")
         got = [await sub.get(5) for _ in range(20)]
     assert all(d.payload == b"genuine" for d in got)
+
+
+async def test_clients_leaving_replicated_vns_withdraw_their_entries_everywhere(
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    """A publisher and a subscriber at the two ends of a line of replicated VNs leave: every
+    broker drops their advertisement and subscription. Before, only their edge VNs did
+    (every removal vote after the first was taken for a late copy), so the others kept
+    routing state for clients long gone. ``session_linger = 0``: a client's entries go
+    when its connection does, so the test does not wait out parked sessions."""
+    tree = line_tree(broker_names(3))
+    overlay = run_overlay(
+        tree, replicas=dict.fromkeys(tree.brokers, 3), heartbeat_interval=1.0, session_linger=0
+    )
+    async with (
+        Client(overlay.endpoints("b0"), client_id="pub") as pub,
+        Client(overlay.endpoints("b2"), client_id="sub") as sc,
+        sc.subscribe("class = 'v'") as sub,
+    ):
+        await pub.advertise("class = 'v'")
+        held = await asyncio.to_thread(overlay.wait_quiet)
+        assert all(h["srt"] == 1 for h in held.values()), held
+        assert all(h["prt"] == 1 for b, h in held.items() if not b.startswith("b2")), held
+        await pub.publish({"class": "v", "i": 1}, b"one")
+        assert (await sub.get(5)).payload == b"one"
+    left = await asyncio.to_thread(overlay.wait_quiet)
+    assert {b: (h["srt"], h["prt"]) for b, h in left.items()} == dict.fromkeys(left, (0, 0))

@@ -1,0 +1,105 @@
+"""Routing entries from a replicated neighbour VN take effect at its majority, both ways.
+
+A neighbouring VN's replicas each announce the routing entries their clients make and
+withdraw (``ADVERTISE`` / ``UNADVERTISE``, ``SUBSCRIBE`` / ``UNSUBSCRIBE``); a broker applies
+an addition once a majority of them sent it and a removal once a majority withdrew it, so a
+Byzantine minority can neither inject nor withdraw routing state. Removals were never
+applied past a replicated VN (every vote after the first was taken for a late copy of an
+applied removal), so a client that left kept its advertisements and subscriptions in every
+broker beyond its edge VN.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.daemon.hops import VNHop
+from broker.language.grammar import parse_filter
+
+FLT = parse_filter("class = 'x'")
+OTHER = parse_filter("class = 'y'")
+ADD = ("adv", "b0/p/a1", FLT)
+REMOVE = ("unadv", "b0/p/a1")
+
+
+def test_an_addition_and_a_removal_each_take_effect_at_the_majority() -> None:
+    hop = VNHop("b0", 3)
+    assert not hop.vote("b0.0", ADD)
+    assert hop.vote("b0.1", ADD)
+    assert not hop.vote("b0.2", ADD)  # a late copy: already in force
+    assert not hop.vote("b0.0", REMOVE)
+    assert hop.vote("b0.1", REMOVE)
+    assert not hop.vote("b0.2", REMOVE)
+    assert not hop.has_votes("adv", "b0/p/a1")
+    assert not hop.has_votes("unadv", "b0/p/a1")  # every replica withdrew: nothing kept
+
+
+def test_a_minority_can_neither_add_nor_withdraw() -> None:
+    hop = VNHop("b0", 3)
+    assert not hop.vote("b0.2", ("adv", "b0/evil/a1", FLT))
+    assert not hop.vote("b0.0", ADD)
+    assert hop.vote("b0.1", ADD)
+    assert not hop.vote("b0.2", REMOVE)
+    assert not hop.vote("b0.2", REMOVE)  # saying it twice is one vote
+    assert hop.has_votes("adv", "b0/p/a1")
+
+
+def test_a_replica_that_added_and_removed_before_the_majority_added_still_counts() -> None:
+    """A client that advertises and leaves at once: one replica's advertisement and
+    withdrawal both arrive before the second replica's advertisement."""
+    hop = VNHop("b0", 3)
+    assert not hop.vote("b0.0", ADD)
+    assert not hop.vote("b0.0", REMOVE)
+    assert not hop.vote("b0.1", ADD)  # b0.0 no longer says it: not a majority
+    assert hop.vote("b0.2", ADD)  # b0.1 and b0.2 do
+    assert hop.vote("b0.1", REMOVE)  # b0.0's withdrawal counts with b0.1's
+    assert not hop.vote("b0.2", REMOVE)
+    assert not hop.has_votes("adv", "b0/p/a1")
+
+
+def test_a_new_filter_under_the_same_key_replaces_the_replicas_old_word() -> None:
+    hop = VNHop("b0", 3)
+    hop.vote("b0.0", ADD)
+    assert hop.vote("b0.1", ADD)
+    changed = ("adv", "b0/p/a1", OTHER)
+    assert not hop.vote("b0.0", changed)
+    assert hop.vote("b0.1", changed)
+
+
+def _in_force(hop: VNHop, events: list[tuple[str, tuple[object, ...]]]) -> bool:
+    """Apply ``events`` as the dispatcher does; whether the entry ends in force."""
+    in_force = False
+    for member, entry in events:
+        fired = hop.vote(member, entry)
+        if fired and entry[0] == "adv":
+            in_force = True
+        elif fired and in_force:
+            in_force = False
+    return in_force
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    size=st.sampled_from([1, 2, 3, 4, 5, 7]),
+    data=st.data(),
+)
+def test_every_honest_replica_withdrawing_leaves_nothing_whatever_the_interleaving(
+    size: int, data: st.DataObject
+) -> None:
+    """Honest replicas each add then remove (their own links are FIFO); f Byzantine ones
+    say anything at any time. Interleaved arbitrarily, the entry is in force at the end
+    only if the Byzantine ones alone could keep it there, which they cannot."""
+    faulty = (size - 1) // 2
+    honest = [f"b0.{i}" for i in range(size - faulty)]
+    byzantine = [f"b0.{i}" for i in range(size - faulty, size)]
+    queues = {m: [ADD, REMOVE] for m in honest}
+    events: list[tuple[str, tuple[object, ...]]] = []
+    while any(queues.values()):
+        choices = [m for m, q in queues.items() if q] + byzantine
+        member = data.draw(st.sampled_from(choices))
+        if member in queues:
+            events.append((member, queues[member].pop(0)))
+        else:
+            events.append((member, data.draw(st.sampled_from([ADD, REMOVE]))))
+    assert not _in_force(VNHop("b0", size), events)
