@@ -72,8 +72,9 @@ Traffic is held back at most one lease after the master's latest step, and never
 arrives (and the freeze once drained), asking again for a lock does not, and ``unlock``
 after ``prepare`` undoes the round like ``abort``. A coordinator whose freeze took so long
 (or whose round is so old) that an install might reach a member after that member's lease
-ended aborts instead of installing: nobody has vouched for tables yet, so every member goes back alike (an install
-after the lease once left members split between the two trees until the next repair).
+ended aborts instead of installing: nobody has vouched for tables yet, so every member goes
+back alike (an install after the lease once left members split between the two trees
+until the next repair).
 
 What a Byzantine coordinator can still do is deny service: refuse to run rounds, propose
 trees that do not lower the cost, or, as a crashed one can, leave a round half-applied by
