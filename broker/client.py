@@ -321,6 +321,22 @@ class _Link(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def finish(self) -> None:
+        """End the connection as a client that is done: write what is queued, then
+        half-close, so the broker reads the end of the stream and closes its side. The
+        socket keeps reading meanwhile: closing it with a frame unread (the ACK of the
+        replica that answered last, say) sends a reset, which the broker takes for a lost
+        connection and parks the session for ``session_linger``. TLS cannot half-close:
+        its close sends close_notify at once."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        self.flush()
+        if transport.can_write_eof():
+            transport.write_eof()
+        else:
+            transport.close()
+
     def flush(self) -> None:
         if self.out and self.transport is not None and not self.transport.is_closing():
             self.transport.write(b"".join(self.out))
@@ -859,10 +875,11 @@ class Client:
         await self._stop_supervisors()
         links, self._links = list(self._links.values()), {}
         for link in links:
-            link.close()
+            link.finish()
         for link in links:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(link.lost), 1.0)
+            link.close()  # a broker that did not close its side within the second
         for pending in self._pending.values():
             if not pending.future.done():
                 pending.future.set_exception(ConnectionLost("client closed"))

@@ -134,6 +134,12 @@ class BrokerCollector:
             s.slow_consumers_closed,
         )
         yield counter(
+            "trellis_sessions_parked",
+            "Client connections lost without a close (a reset, heartbeat silence) whose "
+            "session was kept for session_linger",
+            s.sessions_parked,
+        )
+        yield counter(
             "trellis_sessions_resumed",
             "Client sessions claimed by a reconnection after their connection was lost",
             s.sessions_resumed,

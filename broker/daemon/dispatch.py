@@ -1309,6 +1309,7 @@ class Broker:
         hop.parked = True
         hop.closing = False
         hop.congested = False
+        self.stats.sessions_parked += 1
         sessions.park(hop, inflight)
         self.shares.resend_recent(hop)
         return True

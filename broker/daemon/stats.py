@@ -37,6 +37,7 @@ class BrokerStats:
     deliveries_dropped: int = 0
     congestion_events: int = 0
     slow_consumers_closed: int = 0  # clients closed by slow_consumer = "disconnect"
+    sessions_parked: int = 0  # client connections lost (not closed) whose session was kept
     sessions_resumed: int = 0  # client sessions a reconnection claimed (broker.daemon.sessions)
     sessions_ended: int = 0  # parked sessions not claimed in time, or over their buffer
     over_limit: dict[str, int] = field(default_factory=dict)  # requests refused, by limit key

@@ -280,3 +280,23 @@ async def test_a_replica_that_missed_an_unsubscribe_drops_it_when_the_session_re
             assert time.monotonic() < deadline, f"PRT entries per replica: {prts}"
             await asyncio.sleep(0.1)
     assert metric(overlay.metrics("b0.2"), "trellis_sessions_resumed_total") == 1
+
+
+async def test_a_client_that_closes_parks_no_session_at_any_replica(
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    """``Client.close()`` ends every connection with an EOF, which ends the session at once.
+    It used to close its sockets with frames still unread now and then (the ACK of the
+    replica that answered last: a majority settles a request), which sends a reset; the
+    replica then took the close for a loss and kept the client's routing state for
+    ``session_linger`` seconds (about one close in fifteen, here one in a few)."""
+    names = broker_names(2)
+    overlay = run_overlay(line_tree(names), replicas={"b0": 3, "b1": 1})
+    for i in range(30):
+        async with Client(overlay.endpoints("b0"), client_id=f"quick-{i}") as client:
+            await client.advertise(FLT)
+            await client.publish({"class": "resume", "i": i}, b"x")
+    for replica in ("b0.0", "b0.1", "b0.2"):
+        text = await asyncio.to_thread(overlay.metrics, replica)
+        assert metric(text, "trellis_sessions_parked_total") == 0, replica
+        assert metric(text, "trellis_sessions_ended_total") == 0, replica
