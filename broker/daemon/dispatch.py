@@ -597,7 +597,10 @@ class Connection(asyncio.Protocol):
                 known = router.knows_subscription(hop, key)
                 self.vote_to_remove(hop, "sub", key, known, router.unsubscribe)
             case Sync(token, False):
-                broker.waves.asked(self, hop.peer_id, token)
+                member = self.peer_id
+                broker.waves.asked(
+                    self, hop.peer_id, token, settled=lambda: not hop.unsettled(member)
+                )
             case Sync(token, True):
                 broker.waves.answered(self, token)
             case LinkState():
@@ -627,6 +630,8 @@ class Connection(asyncio.Protocol):
         assert self.peer_id is not None
         if hop.vote(self.peer_id, (kind, key, flt)):
             self.broker.execute(apply(hop, key, flt))
+        if self.broker.waves.deferring:
+            self.broker.waves.recheck()
 
     def vote_to_remove(
         self, hop: VNHop, kind: str, key: str, known: bool, apply: Callable[[VNHop, str], Actions]
@@ -640,8 +645,11 @@ class Connection(asyncio.Protocol):
         if not known and not hop.has_votes(kind, key) and not hop.has_votes(removal, key):
             message, what = _REMOVALS[kind]
             self.reject(0, UnknownState(f"{message} of unknown {what} '{key}'"))
-        elif hop.vote(self.peer_id, (removal, key)) and known:
-            self.broker.execute(apply(hop, key))
+        else:
+            if hop.vote(self.peer_id, (removal, key)) and known:
+                self.broker.execute(apply(hop, key))
+            if self.broker.waves.deferring:
+                self.broker.waves.recheck()
 
     def answer_step(self, reply: Reply) -> None:
         """Answer a reconfiguration step on this control connection."""
@@ -880,6 +888,9 @@ class Broker:
 
     def table_sizes(self) -> tuple[int, int]:
         return self.router.srt_size, self.router.prt_size
+
+    def publisher_streams(self) -> int:
+        return len(self.forwarder.streams)
 
     def connection_counts(self) -> tuple[int, int]:
         return len(self.clients), len(self.links)

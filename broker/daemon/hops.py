@@ -86,6 +86,8 @@ class VNHop:
         self._votes: dict[Entry, set[str]] = {}
         self._entries: dict[tuple[str, str], set[Entry]] = {}
         self._said: dict[tuple[str, str], dict[str, Entry]] = {}
+        # member -> its latest words that have not reached the quorum yet
+        self._unsettled: dict[str, set[Entry]] = {}
 
     def __repr__(self) -> str:
         return f"<vn {self.peer_id} {sorted(self.members)}/{self.size}>"
@@ -125,12 +127,18 @@ class VNHop:
             return False
         if before is not None:
             self._drop_voter(before, member)
+            self._settle(member, before)
         said[member] = entry
         voters = self._votes.get(entry)
         if voters is None:
             voters = self._votes[entry] = set()
             self._entries.setdefault((kind, key), set()).add(entry)
         voters.add(member)
+        if len(voters) < self.quorum:
+            self._unsettled.setdefault(member, set()).add(entry)
+        elif len(voters) == self.quorum:
+            for voter in voters:
+                self._settle(voter, entry)
         if kind != base and len(voters) >= self.size:
             # Every replica removed it: no late word is left to recognise.
             self._drop_entry(entry)
@@ -139,6 +147,18 @@ class VNHop:
             if not said:
                 del self._said[(base, key)]
         return len(voters) == self.quorum
+
+    def unsettled(self, member: str) -> bool:
+        """Whether an entry ``member`` announced still lacks the quorum: a routing wave it
+        started after announcing it waits for that (:mod:`broker.daemon.waves`)."""
+        return bool(self._unsettled.get(member))
+
+    def _settle(self, member: str, entry: Entry) -> None:
+        pending = self._unsettled.get(member)
+        if pending is not None:
+            pending.discard(entry)
+            if not pending:
+                del self._unsettled[member]
 
     def has_votes(self, kind: str, key: str) -> bool:
         """Whether some member's latest word on ``key`` is of ``kind``."""
@@ -150,6 +170,7 @@ class VNHop:
         self._votes.clear()
         self._entries.clear()
         self._said.clear()
+        self._unsettled.clear()
 
     def _drop_voter(self, entry: Entry, member: str) -> None:
         voters = self._votes.get(entry)

@@ -16,6 +16,15 @@ FIFO and a broker handles one frame at a time, so:
 * when a broker has every answer, it has already handled every routing message the brokers
   beyond it sent back, and what those made it send upstream precedes its own answer.
 
+A replicated neighbour VN's routing entries take effect at a majority of its replicas
+(:class:`~broker.daemon.hops.VNHop`), so a replica's entry may still lack the quorum when its
+``SYNC`` arrives: the receiver then answers only once every entry that replica announced
+reached the quorum (or it changed its word, or ``timeout`` passed). Otherwise the replica's
+wave would complete before the receiver applied the entry and sent back what it pulls (a
+subscription toward a new advertisement), and a publication published right after
+``advertise()`` could reach the receiver from fewer than ``f + 1`` replicas and be lost (seen
+when a publisher advertised just after another one left).
+
 When the edge broker's wave completes, every routing change the request caused anywhere in
 the overlay has therefore been applied on the way back to it: a publication published after
 ``advertise()`` returned reaches every subscriber whose ``subscribe()`` returned before it
@@ -39,6 +48,15 @@ log = logging.getLogger("trellis.routing")
 
 
 @dataclass(slots=True)
+class _Deferred:
+    upstream: Member
+    vn: str
+    token: int
+    settled: Callable[[], bool]
+    timer: asyncio.TimerHandle
+
+
+@dataclass(slots=True)
 class _Wave:
     waiting: set[Member]
     done: Callable[[], None]
@@ -57,6 +75,7 @@ class RoutingWaves:
         self.timeout = timeout
         self._tokens = itertools.count(1)
         self._pending: dict[int, _Wave] = {}
+        self._deferred: dict[tuple[int, int], _Deferred] = {}
 
     def start(self, done: Callable[[], None], *, exclude: str | None = None) -> None:
         """Ask every replica of every neighbouring VN but ``exclude`` to settle; call
@@ -78,9 +97,46 @@ class RoutingWaves:
         for member in waiting:
             member.send(ask)
 
-    def asked(self, upstream: Member, vn: str, token: int) -> None:
-        """A neighbour asks this broker to settle: pass the wave on, then answer it."""
+    def asked(
+        self, upstream: Member, vn: str, token: int, settled: Callable[[], bool] | None = None
+    ) -> None:
+        """A neighbour asks this broker to settle: pass the wave on, then answer it; first,
+        when ``settled`` says the entries it announced are not all agreed on yet, wait
+        until they are (:meth:`recheck`) or ``timeout`` passed."""
+        if settled is not None and not settled():
+            key = (id(upstream), token)
+            timer = asyncio.get_running_loop().call_later(self.timeout, self._give_up, key)
+            self._deferred[key] = _Deferred(upstream, vn, token, settled, timer)
+            return
+        self._pass_on(upstream, vn, token)
 
+    def recheck(self) -> None:
+        """Routing votes changed: answer the deferred waves whose entries are now agreed."""
+        for key, wave in list(self._deferred.items()):
+            if wave.upstream.closing or wave.settled():
+                del self._deferred[key]
+                wave.timer.cancel()
+                if not wave.upstream.closing:
+                    self._pass_on(wave.upstream, wave.vn, wave.token)
+
+    @property
+    def deferring(self) -> bool:
+        return bool(self._deferred)
+
+    def _give_up(self, key: tuple[int, int]) -> None:
+        wave = self._deferred.pop(key, None)
+        if wave is None or wave.upstream.closing:
+            return
+        log.warning(
+            "routing wave from %s: its entries lack a majority of %s after %.1f s; answering",
+            wave.upstream.peer_id,
+            wave.vn,
+            self.timeout,
+        )
+        self._pass_on(wave.upstream, wave.vn, wave.token)
+        self.flush()
+
+    def _pass_on(self, upstream: Member, vn: str, token: int) -> None:
         def answer() -> None:
             if not upstream.closing:
                 upstream.send(Sync(token, True))

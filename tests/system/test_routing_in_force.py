@@ -15,7 +15,7 @@ from collections.abc import Callable
 import pytest
 
 from broker.client import Client
-from broker.errors import InvalidRequest
+from broker.errors import InvalidRequest, TrellisTimeout
 from broker.tools.local import LocalOverlay
 from overlay.tree import broker_names, line_tree
 from tests.support import drain, trellis
@@ -145,3 +145,31 @@ async def test_a_restarted_publisher_numbering_from_one_again_is_told_not_droppe
         (3, b"first 2"),
         (4, b"continued"),
     ]
+
+
+@pytest.mark.parametrize(("vns", "replicas"), [(2, 3), (3, 3)], ids=["2x3", "3x3"])
+async def test_publishers_that_come_one_after_another_each_reach_the_subscriber(
+    line: Callable[[int, int], LocalOverlay], vns: int, replicas: int
+) -> None:
+    """Each publisher advertises, publishes once and leaves before the next one comes. The
+    subscription leaves the publisher's edge VN with each advertisement withdrawn and is
+    pulled back by the next one; a replica's routing wave used to complete before the next
+    VN had a majority for the advertisement (and so before it sent the subscription back),
+    so the publication could leave the edge VN from fewer than f + 1 replicas and be lost
+    (one run in six or ten of 40 publishers)."""
+    overlay = line(vns, replicas)
+    names = sorted(overlay.tree.brokers)
+    async with (
+        Client(overlay.endpoints(names[-1]), client_id="sub") as sc,
+        sc.subscribe("class = 'turns'") as sub,
+    ):
+        for i in range(60):
+            async with Client(overlay.endpoints(names[0]), client_id=f"turn-{i}") as pub:
+                await pub.advertise("class = 'turns'")
+                await pub.publish({"class": "turns", "i": i})
+            try:
+                got = await sub.get(3)
+            except TrellisTimeout:
+                raise AssertionError(f"turn-{i}'s publication was lost") from None
+            assert (got.publisher, got.attrs["i"]) == (f"turn-{i}", i)
+        assert await drain(sub, idle=1.0) == []  # and nothing twice

@@ -6,16 +6,22 @@ an addition once a majority of them sent it and a removal once a majority withdr
 Byzantine minority can neither inject nor withdraw routing state. Removals were never
 applied past a replicated VN (every vote after the first was taken for a late copy of an
 applied removal), so a client that left kept its advertisements and subscriptions in every
-broker beyond its edge VN.
+broker beyond its edge VN. And a replica's routing wave is answered only once what it
+announced has its VN's majority (:mod:`broker.daemon.waves`).
 """
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.daemon.hops import VNHop
+from broker.daemon.waves import RoutingWaves
 from broker.language.grammar import parse_filter
+from broker.wire.protocol import Sync
 
 FLT = parse_filter("class = 'x'")
 OTHER = parse_filter("class = 'y'")
@@ -103,3 +109,57 @@ def test_every_honest_replica_withdrawing_leaves_nothing_whatever_the_interleavi
         else:
             events.append((member, data.draw(st.sampled_from([ADD, REMOVE]))))
     assert not _in_force(VNHop("b0", size), events)
+
+
+class Link:
+    """A replica's link as the wave machinery sees it: records what it is sent."""
+
+    is_broker = True
+    closing = False
+    congested = False
+    opened = 0.0
+
+    def __init__(self, peer_id: str) -> None:
+        self.peer_id = peer_id
+        self.sent: list[object] = []
+
+    def send(self, msg: object) -> None:
+        self.sent.append(msg)
+
+    def send_raw(self, data: bytes) -> None:
+        self.sent.append(data)
+
+    def deliver_raw(self, data: bytes) -> None:
+        raise AssertionError
+
+    def note_dropped(self, keys: list[str]) -> None:
+        raise AssertionError
+
+    def close(self) -> None:
+        self.closing = True
+
+
+async def test_a_replicas_wave_is_answered_only_once_its_vn_agreed_on_what_it_announced() -> None:
+    """b0.0 announces an advertisement and asks to settle before b0.1 announced it: the
+    answer waits for the majority (and follows what the advertisement pulls back on the
+    link, FIFO), or for the timeout."""
+    hop = VNHop("b0", 3)
+    links = {name: Link(name) for name in ("b0.0", "b0.1", "b0.2")}
+    waves = RoutingWaves({}, lambda: None, timeout=0.2)
+
+    def settled(member: str) -> Callable[[], bool]:
+        return lambda: not hop.unsettled(member)
+
+    assert not hop.vote("b0.0", ADD)
+    waves.asked(links["b0.0"], "b0", 7, settled=settled("b0.0"))
+    assert links["b0.0"].sent == []  # b0.0's entry has one vote of the two it needs
+    assert hop.vote("b0.1", ADD)
+    links["b0.0"].send("SUBSCRIBE pulled back")  # what applying it sends, before the answer
+    waves.recheck()
+    assert links["b0.0"].sent == ["SUBSCRIBE pulled back", Sync(7, True)]
+
+    assert not hop.vote("b0.2", ("adv", "b0/q/a1", FLT))  # only b0.2 says it
+    waves.asked(links["b0.2"], "b0", 8, settled=settled("b0.2"))
+    assert links["b0.2"].sent == []
+    await asyncio.sleep(0.3)  # the timeout: answered all the same
+    assert links["b0.2"].sent == [Sync(8, True)]
