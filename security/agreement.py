@@ -52,6 +52,7 @@ K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
 
 _RECENT = 4096
+_FIRST_RING = 8
 _ABANDONED = -1  # hash() never returns -1
 
 
@@ -123,11 +124,15 @@ class ReplicatedStream(Generic[S, T]):
         self._high: dict[S, int] = {}
         self._load: dict[S, int] = {}
         self._flooding: set[S] = set()
-        # The last _RECENT decided sequences, by seq % _RECENT, with the hash of the released
-        # content (_ABANDONED: none), to blame late copies: a copy whose hash differs differs
-        # in content, so blaming on it is sound (64 KiB per stream).
-        self._decided_seq = array("q", [-1]) * _RECENT
-        self._decided_hash = array("q", [_ABANDONED]) * _RECENT
+        # The last decided sequences, by seq % ring, with the hash of the released content
+        # (_ABANDONED: none), to blame late copies: a copy whose hash differs differs in
+        # content, so blaming on it is sound. The ring grows with the decisions, 8 slots
+        # to _RECENT (64 KiB): a stream of a few publications (a short-lived publisher;
+        # a broker keeps one stream per publisher it hears) stays small.
+        self._ring = _FIRST_RING
+        self._decisions = 0
+        self._decided_seq = array("q", [-1]) * _FIRST_RING
+        self._decided_hash = array("q", [_ABANDONED]) * _FIRST_RING
 
     @property
     def waiting(self) -> int:
@@ -251,12 +256,28 @@ class ReplicatedStream(Generic[S, T]):
                 if winner is not None and content != winner:
                     self.blames.append(Blame(source, seq, ALTERED))
         self.floor = seq
-        slot = seq % _RECENT
+        self._decisions += 1
+        if self._decisions > self._ring < _RECENT:
+            self._grow()
+        slot = seq % self._ring
         self._decided_seq[slot] = seq
         self._decided_hash[slot] = _ABANDONED if winner is None else hash(winner)
 
+    def _grow(self) -> None:
+        """Eight times the ring (at most _RECENT), keeping what it remembers."""
+        ring = min(self._ring * 8, _RECENT)
+        seqs = array("q", [-1]) * ring
+        hashes = array("q", [_ABANDONED]) * ring
+        kept = sorted(
+            (s, h) for s, h in zip(self._decided_seq, self._decided_hash, strict=True) if s >= 0
+        )
+        for s, h in kept:  # oldest first: a newer sequence takes a shared slot
+            seqs[s % ring] = s
+            hashes[s % ring] = h
+        self._ring, self._decided_seq, self._decided_hash = ring, seqs, hashes
+
     def _late(self, source: S, seq: int, content: Hashable) -> None:
-        slot = seq % _RECENT
+        slot = seq % self._ring
         if self._decided_seq[slot] != seq:
             return
         winner = self._decided_hash[slot]

@@ -56,6 +56,9 @@ class Observed(Protocol):
     def table_sizes(self) -> tuple[int, int]:
         """(SRT entries, PRT entries)."""
 
+    def publisher_streams(self) -> int:
+        """Publishers whose copies from a neighbour VN the forwarder agrees on."""
+
     def connection_counts(self) -> tuple[int, int]:
         """(connected clients, overlay links up)."""
 
@@ -132,6 +135,12 @@ class BrokerCollector:
             "trellis_slow_consumers_closed",
             "Clients closed because their send buffer was full (slow_consumer = disconnect)",
             s.slow_consumers_closed,
+        )
+        yield gauge(
+            "trellis_publisher_streams",
+            "Publishers whose copies from a neighbour VN this broker agrees on (at most "
+            "max_publishers)",
+            b.publisher_streams(),
         )
         yield counter(
             "trellis_sessions_parked",

@@ -209,6 +209,13 @@ class BrokerConfig(BaseModel):
         ge=0,
         description="bytes buffered at most for one parked session; past it the session ends",
     )
+    max_publishers: int = Field(
+        65536,
+        ge=16,
+        description="publishers whose routed seqs and copy agreement a broker remembers; "
+        "past it, the idle ones heard from least recently are forgotten (memory stays "
+        "bounded however many short-lived publishers pass through)",
+    )
     copy_patience: float = Field(
         1.0,
         gt=0,

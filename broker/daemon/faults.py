@@ -281,4 +281,5 @@ def build_forwarding(
         tlog,
         patience=config.copy_patience,
         silence_deadline=config.silence_deadline,
+        max_publishers=config.max_publishers,
     )

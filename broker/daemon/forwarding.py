@@ -65,6 +65,12 @@ Content = tuple[bytes, SecBlock | None, tuple[tuple[str, Value], ...], tuple[typ
 Copies = ReplicatedStream[str, Forward]
 """One publisher's copies from one upstream VN, by sending replica."""
 
+MAX_STREAMS = 65536
+"""Publisher streams (one per publisher and upstream VN) a broker keeps at most by default
+(config ``max_publishers``); past it, :meth:`Forwarder.tick` forgets the idle ones that
+released least recently (as ``SeenPublications`` forgets publishers). A forgotten stream's
+next copy opens a new one."""
+
 # The most publications a broker records during one round (a lease at most): the window
 # that needs replaying is the spread of its VN's freeze points, a few publications.
 ROUTE_RECORD_LIMIT = 4096
@@ -100,15 +106,17 @@ class Forwarder:
         *,
         patience: float = 1.0,
         silence_deadline: float = 2.0,
+        max_publishers: int = MAX_STREAMS,
     ) -> None:
         self.router = router
         self.stats = stats
         self.shares = shares
-        self.seen = SeenPublications()
+        self.seen = SeenPublications(max_publishers=max_publishers)
         self.patience = patience
         self.silence_deadline = silence_deadline
         # (upstream VN, publisher) -> the agreement on that publisher's copies
         self.streams: dict[tuple[str, str], Copies] = {}
+        self.max_streams = max_publishers
         self.waiting: set[tuple[str, str]] = set()
         # Silence: upstream VN -> its hop; VN -> (when a publication from it was agreed, when
         # its first copy came), one publication at a time; sender -> when its last copy came.
@@ -215,6 +223,25 @@ class Forwarder:
                 digest=zlib.crc32(msg.payload) if digests else None,
             )
 
+    def _forget_idle_streams(self) -> None:
+        """Forget idle streams, those that released least recently first, down to 7/8 of
+        the bound (so this runs once per many new publishers, not at every tick). Each
+        short-lived publisher that ever sent through this broker left one, so without a
+        bound they add up. Forgetting one is safe: its next copy opens a new stream, which
+        releases only what f + 1 replicas send, and what was routed stays routed once
+        (``SeenPublications``)."""
+        idle = sorted(
+            (stream.first_copy_at, key)
+            for key, stream in self.streams.items()
+            if not stream.waiting
+        )
+        excess = len(self.streams) - self.max_streams * 7 // 8
+        for _, key in idle[:excess]:
+            del self.streams[key]
+        log.info(
+            "forgot %d idle publisher streams (%d kept)", min(excess, len(idle)), len(self.streams)
+        )
+
     def _blame(self, stream: Copies) -> None:
         stats = self.stats
         for blame in stream.blames:
@@ -224,7 +251,9 @@ class Forwarder:
 
     def tick(self, now: float) -> None:
         """Abandon publications stuck for ``patience`` and blame silent upstream replicas
-        (run about every ``patience / 2`` seconds)."""
+        (run about every ``patience / 2`` seconds); keep at most :data:`MAX_STREAMS`."""
+        if len(self.streams) > self.max_streams:
+            self._forget_idle_streams()
         for key in list(self.waiting):
             stream = self.streams.get(key)
             if stream is None or not stream.waiting:

@@ -233,6 +233,22 @@ def test_an_altered_copy_arriving_hundreds_of_publications_late_is_still_blamed(
     assert [(b.source, b.seq, b.fault) for b in stream.blames] == [("bad", 2, "altered")]
 
 
+@pytest.mark.parametrize("decided", [1, 8, 9, 64, 65, 512, 513, 4096, 4097])
+def test_late_altered_copies_are_blamed_across_the_growth_of_the_decided_ring(
+    decided: int,
+) -> None:
+    """The ring of decided sequences starts small (a short-lived publisher's stream costs
+    little) and grows with the decisions: what it remembered is kept at every growth."""
+    stream = ReplicatedStream[str, bytes](1)
+    for seq in range(1, decided + 1):
+        stream.offer("a", seq, b"good", b"good")
+        stream.offer("b", seq, b"good", b"good")
+    remembered = range(max(1, decided - 7), decided + 1)  # the last 8, at every size
+    for seq in remembered:
+        stream.offer("bad", seq, b"evil", b"evil")
+    assert [b.seq for b in stream.blames] == list(remembered)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     f=st.integers(min_value=0, max_value=3),

@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 
 from broker.client import Client
+from broker.errors import TrellisTimeout
 from broker.tools.local import LocalOverlay
 from overlay.tree import broker_names, line_tree
+from tests.system.test_overlay import metric
 
 pytestmark = pytest.mark.slow
 
@@ -116,3 +118,42 @@ async def test_clients_leaving_replicated_vns_withdraw_their_entries_everywhere(
         assert (await sub.get(5)).payload == b"one"
     left = await asyncio.to_thread(overlay.wait_quiet)
     assert {b: (h["srt"], h["prt"]) for b, h in left.items()} == dict.fromkeys(left, (0, 0))
+
+
+async def test_a_broker_forgets_idle_publishers_past_max_publishers_and_still_delivers(
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    """Every publisher a broker hears through a replicated VN leaves a stream of copy
+    agreement; short-lived publishers (each ``trellis pub`` run with a random id) used to
+    add 64 KiB each, forever. Past ``max_publishers`` the idle ones go, and a forgotten
+    publisher that comes back is delivered as before."""
+    tree = line_tree(broker_names(2))
+    overlay = run_overlay(
+        tree,
+        replicas={"b0": 3, "b1": 1},
+        overrides={"b1": {"max_publishers": 16}},
+        heartbeat_interval=1.0,
+    )
+    async with (
+        Client(overlay.endpoints("b1"), client_id="sub") as sc,
+        sc.subscribe("class = 'v'") as sub,
+    ):
+        for i in range(40):
+            async with Client(overlay.endpoints("b0"), client_id=f"p{i}") as pub:
+                await pub.advertise("class = 'v'")
+                await pub.publish({"class": "v", "i": i}, b"once")
+            try:
+                got = await sub.get(5)
+            except TrellisTimeout:
+                raise AssertionError(f"p{i} lost") from None
+            assert (got.publisher, got.attrs["i"]) == (f"p{i}", i)
+        await asyncio.sleep(1.0)  # a tick of the forwarder (every copy_patience / 2)
+        text = await asyncio.to_thread(overlay.metrics, "b1")
+        assert 0 < metric(text, "trellis_publisher_streams") <= 16
+        async with Client(overlay.endpoints("b0"), client_id="p0", first_seq=7) as pub:
+            await pub.advertise("class = 'v'")
+            await pub.publish({"class": "v", "i": 100}, b"again")
+        got = await sub.get(5)
+        assert (got.publisher, got.seq, got.payload) == ("p0", 7, b"again")
+        with pytest.raises(TrellisTimeout):
+            await sub.get(1.0)
