@@ -1397,7 +1397,10 @@ class Client:
                 link.close()
                 continue
             except BaseException:
-                link.close()  # cancelled (close() or connect() gave up): no socket left open
+                # Cancelled (close() or connect() gave up): end it as close() ends the
+                # others (a reset would park the session), and close it in a second at most.
+                link.finish()
+                asyncio.get_running_loop().call_later(1.0, link.close)
                 raise
             if link.lost.done():
                 continue

@@ -598,8 +598,12 @@ class Connection(asyncio.Protocol):
                 self.vote_to_remove(hop, "sub", key, known, router.unsubscribe)
             case Sync(token, False):
                 member = self.peer_id
+                waits = hop.wave_entries(member)
                 broker.waves.asked(
-                    self, hop.peer_id, token, settled=lambda: not hop.unsettled(member)
+                    self,
+                    hop.peer_id,
+                    token,
+                    settled=(lambda: not hop.unsettled(member, waits)) if waits else None,
                 )
             case Sync(token, True):
                 broker.waves.answered(self, token)

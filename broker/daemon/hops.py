@@ -9,6 +9,7 @@ what both offer, so routing code never needs to know which one it holds.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Collection
 from typing import Protocol
 
 from broker.wire.protocol import Message
@@ -86,8 +87,13 @@ class VNHop:
         self._votes: dict[Entry, set[str]] = {}
         self._entries: dict[tuple[str, str], set[Entry]] = {}
         self._said: dict[tuple[str, str], dict[str, Entry]] = {}
-        # member -> its latest words that have not reached the quorum yet
+        # member -> its latest words that have not reached the quorum yet; and those of
+        # them it announced since its last routing wave (what its next wave waits for)
         self._unsettled: dict[str, set[Entry]] = {}
+        self._fresh: dict[str, set[Entry]] = {}
+        # The VN's replicas once a membership change named them (None: as configured):
+        # only their words count.
+        self._allowed: frozenset[str] | None = None
 
     def __repr__(self) -> str:
         return f"<vn {self.peer_id} {sorted(self.members)}/{self.size}>"
@@ -117,6 +123,8 @@ class VNHop:
         the same kind and key): a replica whose client advertised and left at once may
         send both before another replica's advertisement arrives, and its removal must
         still count once that advertisement is in force."""
+        if self._allowed is not None and member not in self._allowed:
+            return False  # a replica that left the VN: its link stays open a while
         kind, key = entry[0], entry[1]
         assert isinstance(kind, str)
         assert isinstance(key, str)
@@ -136,6 +144,7 @@ class VNHop:
         voters.add(member)
         if len(voters) < self.quorum:
             self._unsettled.setdefault(member, set()).add(entry)
+            self._fresh.setdefault(member, set()).add(entry)
         elif len(voters) == self.quorum:
             for voter in voters:
                 self._settle(voter, entry)
@@ -148,17 +157,42 @@ class VNHop:
                 del self._said[(base, key)]
         return len(voters) == self.quorum
 
-    def unsettled(self, member: str) -> bool:
-        """Whether an entry ``member`` announced still lacks the quorum: a routing wave it
-        started after announcing it waits for that (:mod:`broker.daemon.waves`)."""
-        return bool(self._unsettled.get(member))
+    def retain(self, members: Collection[str]) -> None:
+        """The VN's replicas are now ``members`` (a live attach or detach): the words of
+        those that left are dropped and no longer taken. Two replicas that left, each
+        withdrawing the entries of the clients that left them, made up a majority of the
+        smaller VN and withdrew an advertisement its remaining replicas still held."""
+        allowed = frozenset(members)
+        self._allowed = allowed
+        for group, said in list(self._said.items()):
+            for member in [m for m in said if m not in allowed]:
+                self._drop_voter(said.pop(member), member)
+            if not said:
+                del self._said[group]
+        for table in (self._unsettled, self._fresh):
+            for member in [m for m in table if m not in allowed]:
+                del table[member]
+
+    def wave_entries(self, member: str) -> frozenset[Entry]:
+        """``member`` starts a routing wave: the entries it announced since its previous
+        one that still lack the quorum, which the wave waits for
+        (:mod:`broker.daemon.waves`). Older ones do not hold it: an entry only one replica
+        ever announces (a client connected to that replica alone) delays one wave, the
+        one that carried it, not every later one."""
+        return frozenset(self._fresh.pop(member, ()))
+
+    def unsettled(self, member: str, entries: frozenset[Entry]) -> bool:
+        """Whether any of ``entries`` is still ``member``'s word and lacks the quorum."""
+        pending = self._unsettled.get(member)
+        return pending is not None and not pending.isdisjoint(entries)
 
     def _settle(self, member: str, entry: Entry) -> None:
-        pending = self._unsettled.get(member)
-        if pending is not None:
-            pending.discard(entry)
-            if not pending:
-                del self._unsettled[member]
+        for table in (self._unsettled, self._fresh):
+            pending = table.get(member)
+            if pending is not None:
+                pending.discard(entry)
+                if not pending:
+                    del table[member]
 
     def has_votes(self, kind: str, key: str) -> bool:
         """Whether some member's latest word on ``key`` is of ``kind``."""
@@ -171,6 +205,7 @@ class VNHop:
         self._entries.clear()
         self._said.clear()
         self._unsettled.clear()
+        self._fresh.clear()
 
     def _drop_voter(self, entry: Entry, member: str) -> None:
         voters = self._votes.get(entry)

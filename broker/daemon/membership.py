@@ -166,4 +166,5 @@ def _switch(
             hop.members.pop(member, None)
     hop.size = size
     hop.quorum = size // 2 + 1
+    hop.retain(members)
     broker.forwarder.resize(vn, size)

@@ -148,7 +148,8 @@ async def test_a_replicas_wave_is_answered_only_once_its_vn_agreed_on_what_it_an
     waves = RoutingWaves({}, lambda: None, timeout=0.2)
 
     def settled(member: str) -> Callable[[], bool]:
-        return lambda: not hop.unsettled(member)
+        waits = hop.wave_entries(member)
+        return lambda: not hop.unsettled(member, waits)
 
     assert not hop.vote("b0.0", ADD)
     waves.asked(links["b0.0"], "b0", 7, settled=settled("b0.0"))
@@ -163,3 +164,25 @@ async def test_a_replicas_wave_is_answered_only_once_its_vn_agreed_on_what_it_an
     assert links["b0.2"].sent == []
     await asyncio.sleep(0.3)  # the timeout: answered all the same
     assert links["b0.2"].sent == [Sync(8, True)]
+    # ... and only that wave waits for it: the next one from b0.2 is answered at once
+    waves.asked(links["b0.2"], "b0", 9, settled=settled("b0.2"))
+    assert links["b0.2"].sent == [Sync(8, True), Sync(9, True)]
+
+
+def test_replicas_that_left_the_vn_cannot_make_up_a_majority_of_the_smaller_one() -> None:
+    """b0 shrinks 5 -> 4 -> 3 while its publisher's advertisement stands: each replica that
+    leaves withdraws it (its client left it). Counted, b0.4's and b0.3's withdrawals were
+    a majority of the three left and removed what b0.0 - b0.2 still hold (every later
+    publication lost, tests/system/test_replica_attach.py in CI)."""
+    hop = VNHop("b0", 5)
+    for member in ("b0.0", "b0.1", "b0.2", "b0.3", "b0.4"):
+        hop.vote(member, ADD)
+    assert not hop.vote("b0.4", REMOVE)
+    hop.size, hop.quorum = 4, 3
+    hop.retain(["b0.0", "b0.1", "b0.2", "b0.3"])
+    assert not hop.vote("b0.3", REMOVE)
+    hop.size, hop.quorum = 3, 2
+    hop.retain(["b0.0", "b0.1", "b0.2"])
+    assert not hop.vote("b0.4", REMOVE)  # its link may still be open: ignored
+    assert not hop.vote("b0.0", REMOVE)  # one of the three left: not a majority
+    assert hop.vote("b0.1", REMOVE)
