@@ -634,8 +634,7 @@ class Connection(asyncio.Protocol):
         assert self.peer_id is not None
         if hop.vote(self.peer_id, (kind, key, flt)):
             self.broker.execute(apply(hop, key, flt))
-        if self.broker.waves.deferring:
-            self.broker.waves.recheck()
+        self.broker.waves.recheck()
 
     def vote_to_remove(
         self, hop: VNHop, kind: str, key: str, known: bool, apply: Callable[[VNHop, str], Actions]
@@ -652,8 +651,7 @@ class Connection(asyncio.Protocol):
         else:
             if hop.vote(self.peer_id, (removal, key)) and known:
                 self.broker.execute(apply(hop, key))
-            if self.broker.waves.deferring:
-                self.broker.waves.recheck()
+            self.broker.waves.recheck()
 
     def answer_step(self, reply: Reply) -> None:
         """Answer a reconfiguration step on this control connection."""

@@ -157,12 +157,15 @@ class VNHop:
                 del self._said[(base, key)]
         return len(voters) == self.quorum
 
-    def retain(self, members: Collection[str]) -> None:
-        """The VN's replicas are now ``members`` (a live attach or detach): the words of
-        those that left are dropped and no longer taken. Two replicas that left, each
-        withdrawing the entries of the clients that left them, made up a majority of the
-        smaller VN and withdrew an advertisement its remaining replicas still held."""
+    def resize(self, members: Collection[str]) -> None:
+        """The VN's replicas are now ``members`` (a live attach or detach): the majority is
+        counted among them, and the words of those that left are dropped and no longer
+        taken. Two replicas that left, each withdrawing the entries of the clients that
+        left them, made up a majority of the smaller VN and withdrew an advertisement its
+        remaining replicas still held."""
         allowed = frozenset(members)
+        self.size = len(allowed)
+        self.quorum = self.size // 2 + 1
         self._allowed = allowed
         for group, said in list(self._said.items()):
             for member in [m for m in said if m not in allowed]:

@@ -164,7 +164,5 @@ def _switch(
             broker.stop_dialer(member)
             del broker.neighbours[member]
             hop.members.pop(member, None)
-    hop.size = size
-    hop.quorum = size // 2 + 1
-    hop.retain(members)
+    hop.resize(members)
     broker.forwarder.resize(vn, size)

@@ -112,16 +112,14 @@ class RoutingWaves:
 
     def recheck(self) -> None:
         """Routing votes changed: answer the deferred waves whose entries are now agreed."""
+        if not self._deferred:
+            return
         for key, wave in list(self._deferred.items()):
             if wave.upstream.closing or wave.settled():
                 del self._deferred[key]
                 wave.timer.cancel()
                 if not wave.upstream.closing:
                     self._pass_on(wave.upstream, wave.vn, wave.token)
-
-    @property
-    def deferring(self) -> bool:
-        return bool(self._deferred)
 
     def _give_up(self, key: tuple[int, int]) -> None:
         wave = self._deferred.pop(key, None)

@@ -178,11 +178,9 @@ def test_replicas_that_left_the_vn_cannot_make_up_a_majority_of_the_smaller_one(
     for member in ("b0.0", "b0.1", "b0.2", "b0.3", "b0.4"):
         hop.vote(member, ADD)
     assert not hop.vote("b0.4", REMOVE)
-    hop.size, hop.quorum = 4, 3
-    hop.retain(["b0.0", "b0.1", "b0.2", "b0.3"])
+    hop.resize(["b0.0", "b0.1", "b0.2", "b0.3"])
     assert not hop.vote("b0.3", REMOVE)
-    hop.size, hop.quorum = 3, 2
-    hop.retain(["b0.0", "b0.1", "b0.2"])
+    hop.resize(["b0.0", "b0.1", "b0.2"])
     assert not hop.vote("b0.4", REMOVE)  # its link may still be open: ignored
     assert not hop.vote("b0.0", REMOVE)  # one of the three left: not a majority
     assert hop.vote("b0.1", REMOVE)
