@@ -362,6 +362,7 @@ class RoundStats:
     refused: int = 0
     no_plan: int = 0
     applied: int = 0
+    partial: int = 0  # installed at some members only: some refused or missed the install
     aborted: int = 0
     requested: int = 0
     links_changed: int = 0

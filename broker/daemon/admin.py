@@ -235,6 +235,7 @@ class BrokerCollector:
         )
         for outcome, count in (
             ("applied", r.applied),
+            ("partial", r.partial),
             ("no_plan", r.no_plan),
             ("refused", r.refused),
             ("aborted", r.aborted),

@@ -571,10 +571,17 @@ class ReconfigAgent:
             for c in channels
         ]
         results = await asyncio.gather(*installs)
-        if not all(r.ok for r in results):
-            # Too late to go back: some members switched. Resume so locks and pauses end.
-            log.error("round %s: install failed at some member: %s", round_id, results)
+        failed_at = [r.error for r in results if not r.ok]  # each names its member
         await self._step(channels, Step("resume", round_id))
+        if failed_at:
+            # Too late to go back: some members switched (they resumed above, so locks and
+            # pauses end). Not counted as applied: the tree is the plan only where it took;
+            # a replica that missed it repairs from its siblings, and the next rounds start
+            # from the tree as it is.
+            record["install_failed"] = failed_at
+            self.stats.partial += 1
+            log.error("round %s: install failed at %s", round_id, "; ".join(failed_at))
+            return f"applied in part: install failed at {failed_at[0]}"
         self.stats.applied += 1
         self.stats.links_changed += len(plan.change.add)
         if requested is None:  # an operator's move may cost more: not a saving
@@ -1377,6 +1384,7 @@ class ReconfigAgent:
             "refused": s.refused,
             "no_plan": s.no_plan,
             "applied": s.applied,
+            "partial": s.partial,
             "aborted": s.aborted,
             "requested": s.requested,
             "links_changed": s.links_changed,
