@@ -77,7 +77,7 @@ from broker.wire.protocol import (
     validate_attrs,
 )
 from overlay.manifest import Manifest
-from security.agreement import Blame, MarkRequests, ReplicatedStream
+from security.agreement import Blame, MarkRequests, ReplicatedStream, forget_idle_streams
 from security.envelope import Signer
 from security.paths import KeyAssembly
 from security.propagation import (
@@ -398,6 +398,11 @@ class Subscription:
         """Messages received and not yet read."""
         return self._queue.qsize()
 
+    @property
+    def publisher_streams(self) -> int:
+        """Publishers whose copy agreement this subscription keeps (``max_publishers``)."""
+        return len(self._streams)
+
     async def __aenter__(self) -> Self:
         await self.client._start_subscription(self)
         return self
@@ -426,6 +431,8 @@ class Subscription:
             return
         stream = self._streams.get(publisher)
         if stream is None:
+            if len(self._streams) >= client.max_publishers:
+                forget_idle_streams(self._streams, client.max_publishers)
             stream = self._streams[publisher] = ReplicatedStream(client.fault_tolerance)
             stream.floor = self._delivered.get(publisher, 0)
         attrs = delivery.attrs
@@ -600,6 +607,10 @@ class Client:
         copy_patience: seconds a publication fewer than ``f + 1`` replicas delivered may
             hold back later ones that ``f + 1`` replicas agreed on (while a new subscription
             reaches every replica) before it is given up.
+        max_publishers: each subscription keeps the agreement state of at most this many
+            publishers (about 1.6 KiB each); past it, that of the publishers idle longest is
+            forgotten (only the last sequence delivered from each stays, so nothing is
+            delivered twice).
         ca: the project CA's certificate (PEM): connect over TLS and trust brokers whose
             certificate it issued for the host name dialled. Plaintext when None.
         cert: this client's certificate (PEM, ``trellis ca issue --client``), for brokers
@@ -628,6 +639,7 @@ class Client:
         key_refresh: int = 1,
         key_refresh_seconds: float | None = None,
         copy_patience: float = 1.0,
+        max_publishers: int = 4096,
         ca: str | Path | None = None,
         cert: str | Path | None = None,
         key: str | Path | None = None,
@@ -731,6 +743,9 @@ class Client:
         # it keeps them for its session to resume with).
         self._unsigned_links: dict[int, _Link] = {}
         self.copy_patience = copy_patience
+        if max_publishers < 1:
+            raise InvalidRequest(f"max_publishers must be at least 1, got {max_publishers}")
+        self.max_publishers = max_publishers
         # The publishing session, kept across reconnects: a broker refuses a new session's
         # publication numbered into an earlier session's seqs (a restart without first_seq).
         self.hello_options = {

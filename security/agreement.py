@@ -45,7 +45,15 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-__all__ = ["ALTERED", "FLOODING", "TWO_VERSIONS", "Blame", "MarkRequests", "ReplicatedStream"]
+__all__ = [
+    "ALTERED",
+    "FLOODING",
+    "TWO_VERSIONS",
+    "Blame",
+    "MarkRequests",
+    "ReplicatedStream",
+    "forget_idle_streams",
+]
 
 S = TypeVar("S", bound=Hashable)
 K = TypeVar("K", bound=Hashable)
@@ -288,6 +296,25 @@ class ReplicatedStream(Generic[S, T]):
         if source not in self._flooding:
             self._flooding.add(source)
             self.blames.append(Blame(source, seq, FLOODING))
+
+
+def forget_idle_streams(streams: dict[K, ReplicatedStream[S, T]], bound: int) -> int:
+    """Forget idle streams, those that released least recently first, down to 7/8 of
+    ``bound`` (so this runs once per many new publishers, not at every new one); returns how
+    many were forgotten. Each short-lived publisher that was ever heard left a stream, so
+    without a bound they add up. Forgetting one is safe when its next copy opens a new stream
+    whose ``floor`` is what was released (the caller keeps that): the new stream releases
+    only what ``f + 1`` sources send above it. A stream with copies waiting is kept."""
+    excess = len(streams) - bound * 7 // 8
+    if excess <= 0:
+        return 0
+    idle = sorted(
+        (key for key, stream in streams.items() if not stream.waiting),
+        key=lambda key: streams[key].first_copy_at,
+    )
+    for key in idle[:excess]:
+        del streams[key]
+    return min(excess, len(idle))
 
 
 class MarkRequests(Generic[K, S]):

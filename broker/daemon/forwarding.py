@@ -47,7 +47,7 @@ from broker.daemon.traffic_log import TrafficLog
 from broker.language.filters import Value
 from broker.routing.router import Router
 from broker.wire.protocol import Forward, Publish, encode_deliver, encode_forward
-from security.agreement import ReplicatedStream
+from security.agreement import ReplicatedStream, forget_idle_streams
 from security.errors import InvalidRequest
 from security.publication import SecBlock
 
@@ -224,23 +224,10 @@ class Forwarder:
             )
 
     def _forget_idle_streams(self) -> None:
-        """Forget idle streams, those that released least recently first, down to 7/8 of
-        the bound (so this runs once per many new publishers, not at every tick). Each
-        short-lived publisher that ever sent through this broker left one, so without a
-        bound they add up. Forgetting one is safe: its next copy opens a new stream, which
-        releases only what f + 1 replicas send, and what was routed stays routed once
-        (``SeenPublications``)."""
-        idle = sorted(
-            (stream.first_copy_at, key)
-            for key, stream in self.streams.items()
-            if not stream.waiting
-        )
-        excess = len(self.streams) - self.max_streams * 7 // 8
-        for _, key in idle[:excess]:
-            del self.streams[key]
-        log.info(
-            "forgot %d idle publisher streams (%d kept)", min(excess, len(idle)), len(self.streams)
-        )
+        """Forget idle streams (:func:`~security.agreement.forget_idle_streams`): what was
+        routed stays routed once (``SeenPublications``), so a new stream starts clean."""
+        forgotten = forget_idle_streams(self.streams, self.max_streams)
+        log.info("forgot %d idle publisher streams (%d kept)", forgotten, len(self.streams))
 
     def _blame(self, stream: Copies) -> None:
         stats = self.stats

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from security.agreement import MarkRequests, ReplicatedStream
+from security.agreement import MarkRequests, ReplicatedStream, forget_idle_streams
 
 Copy = tuple[int, bytes]  # (seq, payload)
 
@@ -285,3 +285,16 @@ def test_mark_requests_forget_the_oldest_rounds_beyond_their_bound() -> None:
     # "a" was forgotten: asked again, it is placed again (memory stays bounded)
     assert requests.ask("a", 1, 1)
     assert not requests.ask("c", 1, 1)
+
+
+def test_forgetting_idle_streams_keeps_waiting_ones_and_drops_the_longest_idle_first() -> None:
+    streams: dict[str, ReplicatedStream[str, str]] = {}
+    for i in range(16):
+        stream = streams[f"p{i}"] = ReplicatedStream(1)
+        for source in ("a", "b"):
+            stream.offer(source, 1, "x", "x", now=float(i))
+    waiting = streams["p0"]
+    waiting.offer("a", 2, "y", "y", now=100.0)  # one copy of seq 2: not decided
+    assert forget_idle_streams(streams, 16) == 2  # down to 7/8 of 16
+    assert set(streams) == {"p0", *(f"p{i}" for i in range(3, 16))}
+    assert forget_idle_streams(streams, 16) == 0  # at 7/8 already

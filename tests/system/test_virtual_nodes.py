@@ -157,3 +157,37 @@ async def test_a_broker_forgets_idle_publishers_past_max_publishers_and_still_de
         assert (got.publisher, got.seq, got.payload) == ("p0", 7, b"again")
         with pytest.raises(TrellisTimeout):
             await sub.get(1.0)
+
+
+async def test_a_subscriber_forgets_idle_publishers_past_max_publishers_and_delivers_once(
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    """The SDK keeps copy agreement per publisher too: a long-lived subscriber of a
+    replicated VN hearing many short-lived publishers keeps at most ``max_publishers`` of
+    them; a forgotten publisher that comes back is delivered once, in order."""
+    overlay = run_overlay(line_tree(["b0"]), replicas={"b0": 3}, heartbeat_interval=1.0)
+    async with (
+        Client(overlay.endpoints("b0"), client_id="sub", max_publishers=8) as sc,
+        sc.subscribe("class = 'v'") as sub,
+    ):
+        for i in range(30):
+            async with Client(overlay.endpoints("b0"), client_id=f"p{i}") as pub:
+                await pub.advertise("class = 'v'")
+                await pub.publish({"class": "v", "i": i}, b"once")
+            try:
+                got = await sub.get(5)
+            except TrellisTimeout:
+                raise AssertionError(f"p{i} lost") from None
+            assert (got.publisher, got.attrs["i"]) == (f"p{i}", i)
+            assert sub.publisher_streams <= 8
+        async with Client(overlay.endpoints("b0"), client_id="p0", first_seq=2) as pub:
+            await pub.advertise("class = 'v'")
+            for n in (2, 3):
+                await pub.publish({"class": "v", "i": 100 + n}, b"again %d" % n)
+        got = [await sub.get(5) for _ in range(2)]
+        assert [(d.publisher, d.seq, d.payload) for d in got] == [
+            ("p0", 2, b"again 2"),
+            ("p0", 3, b"again 3"),
+        ]
+        with pytest.raises(TrellisTimeout):
+            await sub.get(1.0)
