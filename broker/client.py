@@ -54,6 +54,7 @@ from broker.wire.protocol import (
     MARK_NOTICE,
     MARKS_OPTION,
     PROTOCOL_VERSION,
+    REPLICAS_OPTION,
     RESUMED_OPTION,
     Ack,
     Advertise,
@@ -767,8 +768,9 @@ class Client:
 
     @property
     def replica_endpoints(self) -> list[tuple[str, int]]:
-        """The edge VN's replicas this client uses: as given, then as its replicas announce
-        live changes (one that joined added, one that left dropped)."""
+        """The edge VN's replicas this client uses: as given (all of the VN's, found from
+        the one dialled, when those given reach no majority of it), then as its replicas
+        announce live changes (one that joined added, one that left dropped)."""
         return [e for i, e in enumerate(self.endpoints) if i not in self._retired]
 
     async def __aenter__(self) -> Self:
@@ -1262,6 +1264,8 @@ class Client:
         self.max_frame = max_frame
         if _MEMBERSHIP in options:
             self._membership_heard(index, options[_MEMBERSHIP], link)
+        elif REPLICAS_OPTION in options:
+            self._discover_replicas(options[REPLICAS_OPTION], vn_size)
         log.debug(
             "%s connected to broker %s at %s:%d", self.client_id, welcome.broker_id, host, port
         )
@@ -1525,6 +1529,45 @@ class Client:
             version,
             self.vn,
             ", ".join(b for b, _ in members),
+        )
+
+    def _discover_replicas(self, data: object, vn_size: int) -> None:
+        """Connect to the rest of the edge VN when the endpoints given cannot reach a
+        majority of it (one replica of three, say): what this client publishes or subscribes
+        would be held by fewer than ``f + 1`` replicas and never forwarded beyond the VN.
+        The replicas come from the WELCOME of the replica dialled, which the client trusts
+        with everything already; ``connect()`` then returns once a majority is up."""
+        if (
+            self.alternatives
+            or self.membership_version >= 0
+            or len(self.endpoints) - len(self._retired) >= vn_size // 2 + 1
+        ):
+            return
+        if not (
+            isinstance(data, list)
+            and len(data) == vn_size
+            and all(
+                isinstance(m, list) and len(m) == 2 and all(isinstance(x, str) for x in m)
+                for m in data
+            )
+        ):
+            log.warning("invalid '%s' in WELCOME: %r", REPLICAS_OPTION, data)
+            return
+        members = [(member, endpoint) for member, endpoint in data]
+        given = len(self.endpoints)
+        taken: set[int] = set()
+        for member, endpoint in members:
+            index = self._endpoint_of(member, endpoint, taken)
+            if index is not None:
+                taken.add(index)
+        self.fault_tolerance = (vn_size - 1) // 2
+        self.quorum = vn_size // 2 + 1
+        log.info(
+            "%s: given %d endpoint(s) of the %d replicas of VN %s: connecting to all of them",
+            self.client_id,
+            given,
+            vn_size,
+            self.vn,
         )
 
     def _endpoint_of(self, member: str, endpoint: str, taken: set[int]) -> int | None:

@@ -74,6 +74,7 @@ from broker.wire.protocol import (
     MARK_NOTICE,
     MARKS_OPTION,
     PROTOCOL_VERSION,
+    REPLICAS_OPTION,
     RESUMED_OPTION,
     Ack,
     Advertise,
@@ -985,6 +986,8 @@ class Broker:
         }
         if self.vn_membership is not None and not conn.is_broker:
             options[membership.OP] = self.vn_membership
+        elif self.vn_size > 1 and not conn.is_broker:
+            options[REPLICAS_OPTION] = self.replica_endpoints()
         resumed = None
         if not conn.is_broker and conn.peer_id is not None:
             resumed = self.sessions.resume(conn.peer_id, conn.session)
@@ -999,6 +1002,14 @@ class Broker:
             self.link_up(conn)
         elif resumed is not None:
             self.resume_session(conn, *resumed)
+
+    def replica_endpoints(self) -> list[list[str]]:
+        """This broker's VN as ``[broker id, endpoint]`` pairs for a client's WELCOME: a
+        client given fewer endpoints than a majority of the VN connects to the others too
+        (otherwise what it publishes or subscribes is held by too few replicas to be
+        forwarded). Its own endpoint is left empty: the client dialled it already."""
+        siblings = {n.id: n.endpoint for n in self.directory.values() if n.vn_id == self.vn}
+        return [[self.config.id, ""], *([b, siblings[b]] for b in sorted(siblings))]
 
     def attach_client(self, conn: Connection, client_id: str) -> None:
         old = self.clients.get(client_id)

@@ -69,6 +69,10 @@ RESUMED_OPTION = "resumed"
 """WELCOME option, present when the connection resumed the client's parked session:
 ``{"advertisements": [id, ...], "subscriptions": [id, ...]}`` the session still holds, so
 that a client withdraws what it dropped while its connection was down."""
+REPLICAS_OPTION = "replicas"
+"""WELCOME option of a replica of a replicated VN (until a live membership change, whose
+announcement says the same): ``[[broker id, endpoint], ...]``, the VN's replicas (the
+answering one's endpoint empty), so that a client given too few endpoints finds the rest."""
 DEFAULT_MAX_FRAME = 1024 * 1024
 MAX_ID_LENGTH = 256
 MAX_ATTRS = 128

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from broker.client import Client
+from broker.client import Client, parse_endpoint
 from broker.errors import TrellisTimeout
 from broker.tools.local import LocalOverlay
 from overlay.tree import broker_names, line_tree
@@ -189,5 +189,41 @@ async def test_a_subscriber_forgets_idle_publishers_past_max_publishers_and_deli
             ("p0", 2, b"again 2"),
             ("p0", 3, b"again 3"),
         ]
+        with pytest.raises(TrellisTimeout):
+            await sub.get(1.0)
+
+
+async def test_clients_given_one_replica_of_a_vn_find_the_others_and_deliver(
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    """A new user copies one broker's endpoint from ``trellis up``: held by one replica of
+    three, its advertisement and subscription were never in force beyond its VN, and every
+    publication was lost without a word. The WELCOME now lists the VN's replicas and such
+    a client connects to all of them; given a majority already, it keeps what it was given."""
+    overlay = run_overlay(line_tree(broker_names(2)), replicas={"b0": 3, "b1": 3})
+    b0, b1 = overlay.endpoints("b0"), overlay.endpoints("b1")
+    async with (
+        Client(b1[2], client_id="sub", manifest=overlay.manifest_path) as sc,
+        sc.subscribe("class = 'v'") as sub,
+        Client(b0[1], client_id="pub") as pub,
+        Client(b0[:2], client_id="two") as two,
+    ):
+        assert sorted(sc.replica_endpoints) == sorted(parse_endpoint(e) for e in b1)
+        assert sorted(pub.replica_endpoints) == sorted(parse_endpoint(e) for e in b0)
+        assert sorted(two.replica_endpoints) == sorted(parse_endpoint(e) for e in b0[:2])
+        await pub.advertise("class = 'v'")
+        await two.advertise("class = 'v'")
+        for i in range(3):
+            await pub.publish({"class": "v", "i": i}, b"plain %d" % i)
+            await pub.publish({"class": "v", "i": i}, b"secret %d" % i, confidential=True)
+            await two.publish({"class": "v", "i": i}, b"two %d" % i)
+        got: dict[str, list[bytes]] = {}
+        for _ in range(9):
+            d = await sub.get(10)
+            got.setdefault(d.publisher, []).append(d.payload)
+        assert got == {
+            "pub": [b"plain 0", b"secret 0", b"plain 1", b"secret 1", b"plain 2", b"secret 2"],
+            "two": [b"two 0", b"two 1", b"two 2"],
+        }
         with pytest.raises(TrellisTimeout):
             await sub.get(1.0)
