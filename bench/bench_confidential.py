@@ -213,6 +213,7 @@ async def run_subscriber(endpoints: list[str], manifest: str, pace_fd: int, queu
     commands = await stdin_lines()
     ping_lat: dict[str, list[float]] = {}
     streams: dict[str, dict[str, float]] = {}
+    stream_lat: dict[str, list[float]] = {}  # send to delivery, in a stream (window-bound)
     warnings: list[str] = []
     async with (
         Client(endpoints, client_id="bench-sub", manifest=manifest, queue_size=queue) as sc,
@@ -234,6 +235,7 @@ async def run_subscriber(endpoints: list[str], manifest: str, pace_fd: int, queu
                     st = streams.setdefault(tag, {"got": 0, "t_first": now, "t_last": now})
                     st["got"] += 1
                     st["t_last"] = now
+                    stream_lat.setdefault(tag, []).append(now - sent)
                 elif phase == "ping":
                     ping_lat.setdefault(tag, []).append(now - sent)
                 os.write(pace_fd, struct.pack("<I", marker))
@@ -260,7 +262,15 @@ async def run_subscriber(endpoints: list[str], manifest: str, pace_fd: int, queu
                             break
                         await asyncio.sleep(0.01)
                     stream = streams.pop(tag, {"got": 0, "t_first": 0.0, "t_last": 0.0})
-                    reply({**stream, "dropped": sub.dropped, "warnings": warnings[-3:]})
+                    lats = stream_lat.pop(tag, [])
+                    reply(
+                        {
+                            **stream,
+                            "lat_median": statistics.median(lats) if lats else float("nan"),
+                            "dropped": sub.dropped,
+                            "warnings": warnings[-3:],
+                        }
+                    )
                 elif op == "quit":
                     break
         finally:
@@ -479,6 +489,7 @@ async def measure_mode(
         "delivered": delivered,
         "dropped": recv["dropped"],
         "msg_per_s": delivered / elapsed if delivered else 0.0,
+        "stream_lat_ms": recv["lat_median"] * 1e3,
         "pub_msg_per_s": sent["sent"] / sent["t_pub"],
         "broker_cpu_us": sum(d["cpu"].values()) / per * 1e6,
         "vn_cpu_us": {
@@ -943,12 +954,14 @@ def report(
         cells = [fmt.format(p), fmt.format(c), f"{c / p:.2f}x", fmt.format(e), f"{e / p:.2f}x"]
         return f"| {label:<43} | " + " | ".join(f"{x:>10}" for x in cells) + " |"
 
-    keys = [
+    keys: list[tuple[str, ...]] = [
         ("lat_median_us", "latency median (µs)"),
         ("lat_p99_us", "latency p99 (µs)"),
         ("ping_cpu_us", "CPU / msg one at a time, all processes (µs)"),
         ("msg_per_s", "throughput (msg/s delivered)"),
         ("pub_msg_per_s", "publisher send rate (msg/s)"),
+        ("stream_lat_ms", "latency in the stream, median (ms)", "{:,.1f}"),
+        ("cpu_busy", "cores busy in the stream, all processes", "{:.2f}"),
         ("broker_cpu_us", "broker CPU / delivered msg, 9 brokers (µs)"),
         ("pub_cpu_us", "publisher CPU / msg (µs)"),
         ("sub_cpu_us", "subscriber CPU / msg (µs)"),
@@ -965,8 +978,8 @@ def report(
     head = ["plain", "confidential", "conf/plain", f"epoch {EPOCH}", "ep/plain"]
     print(f"| {'metric':<43} | " + " | ".join(f"{h:>10}" for h in head) + " |")
     print(f"|{'-' * 45}|" + "|".join("-" * 11 + ":" for _ in head) + "|")
-    for key, label in keys:
-        print(row(label, [med(m, key) for m in MODES]))
+    for key, label, *fmt in keys:
+        print(row(label, [med(m, key) for m in MODES], *fmt))
     for vn in broker_names(VNS):
         label = f"  CPU of VN {vn} (3 replicas) / msg (µs)"
         print(row(label, [med(m, "vn_cpu_us", vn) for m in MODES]))
