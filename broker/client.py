@@ -833,6 +833,9 @@ class Client:
         )
         hopeless = self._hopeless.is_set()
         await self._stop_supervisors()
+        # Links that did come up (fewer than a majority) end as close() ends them; they
+        # stayed open before, one socket per endpoint that answered.
+        await self._end_links()
         self._status = Status.DISCONNECTED
         if hopeless and all(i in self._tls_failures for i in range(len(self.endpoints))):
             raise TLSError(f"could not connect to {reasons}")
@@ -890,13 +893,7 @@ class Client:
         self._sign_pending()
         self._status = Status.CLOSED
         await self._stop_supervisors()
-        links, self._links = list(self._links.values()), {}
-        for link in links:
-            link.finish()
-        for link in links:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(link.lost), 1.0)
-            link.close()  # a broker that did not close its side within the second
+        await self._end_links()
         for pending in self._pending.values():
             if not pending.future.done():
                 pending.future.set_exception(ConnectionLost("client closed"))
@@ -904,6 +901,16 @@ class Client:
             sub._end()
         self._connected.clear()
         self._disconnected.set()
+
+    async def _end_links(self) -> None:
+        """Half-close every link (:meth:`_Link.finish`), then close each within a second."""
+        links, self._links = list(self._links.values()), {}
+        for link in links:
+            link.finish()
+        for link in links:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(link.lost), 1.0)
+            link.close()  # a broker that did not close its side within the second
 
     def _supervisor(self, index: int) -> asyncio.Task[None]:
         task = asyncio.create_task(self._supervise(index), name=f"trellis-{self.client_id}-{index}")
@@ -1253,10 +1260,19 @@ class Client:
             self.alternatives = True
             self.quorum = 1
             self.fault_tolerance = 0
+        vn = str(options.get("vn", welcome.broker_id))
+        if vn_size > 1 and not self.alternatives and self.vn is not None and vn != self.vn:
+            # Replicas of two VNs: each would hold what this client sends alone, fewer than
+            # f + 1 of its VN, and forward none of it. Refused, and retried like any failure.
+            link.close()
+            raise InvalidRequest(
+                f"{welcome.broker_id} at {host}:{port} is a replica of VN {vn}, the other "
+                f"endpoints of VN {self.vn}: give the replicas of one VN, the client's edge VN"
+            )
         link.broker_id = welcome.broker_id
         link.replica = replica
         self._ids[index] = welcome.broker_id
-        self.vn = str(options.get("vn", welcome.broker_id))
+        self.vn = vn
         if self.membership_version < 0 and _MEMBERSHIP not in options:
             # (after a live change the announcement says, once f + 1 replicas agree: until
             # then the count the endpoints given had, which the manifest still allows)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 
-from broker.client import Client, parse_endpoint
+from broker.client import Client, Subscription, parse_endpoint
 from broker.errors import TrellisTimeout
 from broker.tools.local import LocalOverlay
 from overlay.tree import broker_names, line_tree
@@ -120,6 +120,23 @@ async def test_clients_leaving_replicated_vns_withdraw_their_entries_everywhere(
     assert {b: (h["srt"], h["prt"]) for b, h in left.items()} == dict.fromkeys(left, (0, 0))
 
 
+async def short_lived_publishers(
+    endpoints: list[str], sub: Subscription, count: int
+) -> AsyncIterator[int]:
+    """Publishers p0, p1, ... one after another: each advertises, publishes once and
+    leaves; yields its number once ``sub`` got that publication."""
+    for i in range(count):
+        async with Client(endpoints, client_id=f"p{i}") as pub:
+            await pub.advertise("class = 'v'")
+            await pub.publish({"class": "v", "i": i}, b"once")
+        try:
+            got = await sub.get(5)
+        except TrellisTimeout:
+            raise AssertionError(f"p{i} lost") from None
+        assert (got.publisher, got.attrs["i"]) == (f"p{i}", i)
+        yield i
+
+
 async def test_a_broker_forgets_idle_publishers_past_max_publishers_and_still_delivers(
     run_overlay: Callable[..., LocalOverlay],
 ) -> None:
@@ -138,15 +155,8 @@ async def test_a_broker_forgets_idle_publishers_past_max_publishers_and_still_de
         Client(overlay.endpoints("b1"), client_id="sub") as sc,
         sc.subscribe("class = 'v'") as sub,
     ):
-        for i in range(40):
-            async with Client(overlay.endpoints("b0"), client_id=f"p{i}") as pub:
-                await pub.advertise("class = 'v'")
-                await pub.publish({"class": "v", "i": i}, b"once")
-            try:
-                got = await sub.get(5)
-            except TrellisTimeout:
-                raise AssertionError(f"p{i} lost") from None
-            assert (got.publisher, got.attrs["i"]) == (f"p{i}", i)
+        async for _ in short_lived_publishers(overlay.endpoints("b0"), sub, 40):
+            pass
         await asyncio.sleep(1.0)  # a tick of the forwarder (every copy_patience / 2)
         text = await asyncio.to_thread(overlay.metrics, "b1")
         assert 0 < metric(text, "trellis_publisher_streams") <= 16
@@ -170,15 +180,7 @@ async def test_a_subscriber_forgets_idle_publishers_past_max_publishers_and_deli
         Client(overlay.endpoints("b0"), client_id="sub", max_publishers=8) as sc,
         sc.subscribe("class = 'v'") as sub,
     ):
-        for i in range(30):
-            async with Client(overlay.endpoints("b0"), client_id=f"p{i}") as pub:
-                await pub.advertise("class = 'v'")
-                await pub.publish({"class": "v", "i": i}, b"once")
-            try:
-                got = await sub.get(5)
-            except TrellisTimeout:
-                raise AssertionError(f"p{i} lost") from None
-            assert (got.publisher, got.attrs["i"]) == (f"p{i}", i)
+        async for _ in short_lived_publishers(overlay.endpoints("b0"), sub, 30):
             assert sub.publisher_streams <= 8
         async with Client(overlay.endpoints("b0"), client_id="p0", first_seq=2) as pub:
             await pub.advertise("class = 'v'")
@@ -199,7 +201,8 @@ async def test_clients_given_one_replica_of_a_vn_find_the_others_and_deliver(
     """A new user copies one broker's endpoint from ``trellis up``: held by one replica of
     three, its advertisement and subscription were never in force beyond its VN, and every
     publication was lost without a word. The WELCOME now lists the VN's replicas and such
-    a client connects to all of them; given a majority already, it keeps what it was given."""
+    a client connects to all of them; given a majority already, it keeps what it was given.
+    Given replicas of two VNs, it refuses the second VN's with a clear error."""
     overlay = run_overlay(line_tree(broker_names(2)), replicas={"b0": 3, "b1": 3})
     b0, b1 = overlay.endpoints("b0"), overlay.endpoints("b1")
     async with (
@@ -227,3 +230,7 @@ async def test_clients_given_one_replica_of_a_vn_find_the_others_and_deliver(
         }
         with pytest.raises(TrellisTimeout):
             await sub.get(1.0)
+    # Replicas of two VNs: neither would hold f + 1 copies; the client says so.
+    with pytest.raises(TrellisTimeout, match=r"is a replica of VN b[01], the other endpoints"):
+        async with Client([b0[0], b1[0]], client_id="mixed", connect_timeout=2):
+            pass
