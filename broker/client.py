@@ -666,9 +666,7 @@ class Client:
         self.queue_size = queue_size
         self.max_frame = DEFAULT_MAX_FRAME
         self.broker_id: str | None = None
-        replicas = len(self.endpoints)
-        self.fault_tolerance = (replicas - 1) // 2
-        self.quorum = replicas // 2 + 1
+        self._count_replicas(len(self.endpoints))
         # Several endpoints of a plain broker (WELCOME says vn_size 1) are alternatives:
         # one connection at a time, to whichever answers; otherwise they are replicas.
         self.alternatives = False
@@ -723,7 +721,7 @@ class Client:
         self.manifest = manifest
         self.signer = signer or Signer.generate(self.client_id)
         self.vn: str | None = None
-        self.vn_size = replicas
+        self.vn_size = len(self.endpoints)
         self._assemblies: OrderedDict[tuple[str, int], KeyAssembly] = OrderedDict()
         # epochs whose shares arrived in the current read (tried once it is decoded)
         self._arrived: dict[tuple[str, int], KeyAssembly] = {}
@@ -1522,8 +1520,7 @@ class Client:
             )
         ]
         size = len(members)
-        self.fault_tolerance = (size - 1) // 2
-        self.quorum = size // 2 + 1
+        self._count_replicas(size)
         for sub in list(self._subscriptions.values()):
             sub._resize(self.fault_tolerance)
         ack = Notice(_MEMBERSHIP, {"version": version})
@@ -1556,7 +1553,7 @@ class Client:
         if (
             self.alternatives
             or self.membership_version >= 0
-            or len(self.endpoints) - len(self._retired) >= vn_size // 2 + 1
+            or len(self.replica_endpoints) >= vn_size // 2 + 1
         ):
             return
         if not (
@@ -1569,15 +1566,13 @@ class Client:
         ):
             log.warning("invalid '%s' in WELCOME: %r", REPLICAS_OPTION, data)
             return
-        members = [(member, endpoint) for member, endpoint in data]
         given = len(self.endpoints)
         taken: set[int] = set()
-        for member, endpoint in members:
+        for member, endpoint in data:
             index = self._endpoint_of(member, endpoint, taken)
             if index is not None:
                 taken.add(index)
-        self.fault_tolerance = (vn_size - 1) // 2
-        self.quorum = vn_size // 2 + 1
+        self._count_replicas(vn_size)
         log.info(
             "%s: given %d endpoint(s) of the %d replicas of VN %s: connecting to all of them",
             self.client_id,
@@ -1585,6 +1580,12 @@ class Client:
             vn_size,
             self.vn,
         )
+
+    def _count_replicas(self, size: int) -> None:
+        """The edge VN has ``size`` replicas: tolerate ``f = (size - 1) // 2`` faulty ones
+        and need a majority of them."""
+        self.fault_tolerance = (size - 1) // 2
+        self.quorum = size // 2 + 1
 
     def _endpoint_of(self, member: str, endpoint: str, taken: set[int]) -> int | None:
         """The endpoint index of ``member``: known by its WELCOME, else by its address,

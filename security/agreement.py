@@ -302,9 +302,10 @@ def forget_idle_streams(streams: dict[K, ReplicatedStream[S, T]], bound: int) ->
     """Forget idle streams, those that released least recently first, down to 7/8 of
     ``bound`` (so this runs once per many new publishers, not at every new one); returns how
     many were forgotten. Each short-lived publisher that was ever heard left a stream, so
-    without a bound they add up. Forgetting one is safe when its next copy opens a new stream
-    whose ``floor`` is what was released (the caller keeps that): the new stream releases
-    only what ``f + 1`` sources send above it. A stream with copies waiting is kept."""
+    without a bound they add up. Forgetting one is safe when the caller still knows what was
+    released (a subscriber sets the new stream's ``floor`` to it; a broker's
+    ``SeenPublications`` drops what it already routed): the new stream releases only what
+    ``f + 1`` sources send. A stream with copies waiting is kept."""
     excess = len(streams) - bound * 7 // 8
     if excess <= 0:
         return 0
