@@ -264,6 +264,7 @@ class _Link(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.can_write.set()
+        self.client._links_changed.set()
         if not self.welcome.done():
             self.welcome.set_exception(self.fatal or self._handshake_lost(exc))
         if not self.lost.done():
@@ -295,6 +296,7 @@ class _Link(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.can_write.set()
+        self.client._links_changed.set()
 
     def send(self, msg: Message) -> None:
         """Queue a frame; frames queued in one loop iteration leave in one write.
@@ -318,8 +320,15 @@ class _Link(asyncio.Protocol):
             # A producer that never yields must still meet the transport's flow control.
             self.flush()
 
-    def close(self) -> None:
-        if self.transport is not None:
+    def close(self, at_once: bool = False) -> None:
+        """Close the connection once what is queued is written; ``at_once``: drop what is
+        still queued (a broker that stopped reading would otherwise keep the socket open
+        after the client is closed)."""
+        if self.transport is None:
+            return
+        if at_once and self.transport.get_write_buffer_size():
+            self.transport.abort()
+        else:
             self.transport.close()
 
     def finish(self) -> None:
@@ -704,6 +713,8 @@ class Client:
             _RecentPublications
         )
         self._connected = asyncio.Event()
+        # Set when a link drains, comes up or goes: what a publisher held back waits for.
+        self._links_changed = asyncio.Event()
         self._disconnected = asyncio.Event()
         self._disconnected.set()
         self._supervisors: list[asyncio.Task[None]] = []
@@ -908,7 +919,7 @@ class Client:
         for link in links:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(link.lost), 1.0)
-            link.close()  # a broker that did not close its side within the second
+            link.close(at_once=True)  # a broker that did not close its side within the second
 
     def _supervisor(self, index: int) -> asyncio.Task[None]:
         task = asyncio.create_task(self._supervise(index), name=f"trellis-{self.client_id}-{index}")
@@ -1130,18 +1141,20 @@ class Client:
             ) from None
 
     async def _writable_links(self) -> list[_Link]:
-        """Connected links, once a majority of them has room to write."""
+        """Connected links, once a majority of them has room to write: whichever they are,
+        so one broker slow to drain (its TCP back-off after a partition, say) does not hold
+        a publisher back while the others take its publications."""
         while True:
             if self._status is not Status.CONNECTED:
                 await self._wait_connected()
                 continue
             links = list(self._links.values())
-            blocked = [link for link in links if not link.can_write.is_set()]
-            if len(links) - len(blocked) >= self.quorum:
+            if sum(link.can_write.is_set() for link in links) >= self.quorum:
                 return links
+            self._links_changed.clear()
             try:
                 async with asyncio.timeout(self.request_timeout):
-                    await blocked[0].can_write.wait()
+                    await self._links_changed.wait()
             except TimeoutError:
                 raise TrellisTimeout(
                     f"brokers accepted no more data within {self.request_timeout:g} s"
@@ -1441,6 +1454,7 @@ class Client:
                 link.close()
                 return
             self._links[index] = link
+            self._links_changed.set()
             self.broker_id = link.broker_id
             self._update_status()
             self._grow_split()

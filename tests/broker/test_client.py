@@ -229,6 +229,52 @@ async def test_publish_without_ack_raises_trellis_timeout_when_the_broker_stops_
     assert isinstance(info.value, TimeoutError)
 
 
+async def test_a_held_back_publisher_goes_on_once_any_majority_of_replicas_drains(
+    run_broker: Callable[..., BrokerProcess],
+) -> None:
+    # The CI flake of the flood-into-a-partition scenario: with two of three replicas' links
+    # full, publish() waited for the first of them only, and timed out while the second had
+    # drained long before (a majority was writable again).
+    brokers = [run_broker(f"r{i}", vn="v", replica=i, vn_size=3) for i in range(3)]
+    published = 0
+
+    async def flood(client: Client) -> None:
+        nonlocal published
+        async with asyncio.timeout(60):
+            while True:
+                await client.publish({"class": "bulk"}, b"x" * 200_000, ack=False)
+                published += 1
+
+    async def stalled(for_s: float) -> bool:
+        """No publish() returned for ``for_s`` s."""
+        seen, since = published, time.monotonic()
+        async with asyncio.timeout(30):
+            while time.monotonic() - since < for_s:
+                await asyncio.sleep(0.1)
+                if published != seen:
+                    seen, since = published, time.monotonic()
+        return True
+
+    request_timeout = 3.0
+    endpoints = [b.endpoint for b in brokers]
+    async with Client(endpoints, request_timeout=request_timeout) as client:
+        await client.advertise("class = 'bulk'")
+        with frozen(brokers[0]):
+            task = asyncio.create_task(flood(client))
+            try:
+                with frozen(brokers[1]):
+                    assert await stalled(1.0)
+                    held_at = published
+                # r1 drains; r0 stays full for longer than request_timeout.
+                await asyncio.sleep(2 * request_timeout)
+                assert not task.done(), task.exception()
+                assert published > held_at
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+
 async def test_drain_and_flush_raise_trellis_timeout_and_leave_requests_in_flight(
     broker: BrokerProcess,
 ) -> None:
