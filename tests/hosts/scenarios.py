@@ -68,6 +68,7 @@ class Tally:
     rss_curve: list[tuple[int, int]] = field(default_factory=list)
     rss_growth_kib: dict[str, int] = field(default_factory=dict)  # peak, per broker
     fd_growth: int = 0
+    longest_publish_s: float = 0.0  # the longest any publish() that returned was held back
     notes: dict[str, Any] = field(default_factory=dict)
     subscriber: str = "c"  # the VN whose subscriber this tally counts
     round_asked: float | None = None  # monotonic time the live round under way was asked
@@ -213,6 +214,7 @@ async def exchange(
     publisher: str = "a",
     subscribers: tuple[str, ...] = ("c",),
     tail: float = 0.0,
+    publish_timeout: float = 20.0,
 ) -> Tally:
     """Publish for ``duration`` s at ``rate``/s from ``publisher``'s VN while ``faults``
     runs (payloads of about ``size`` bytes; every other one confidential unless
@@ -222,7 +224,7 @@ async def exchange(
     most 300 s in all). The tally is
     the first subscriber's; the others' are in its ``others``."""
     tally = Tally(subscriber=subscribers[0])
-    pub = Client(overlay.endpoints(publisher), client_id="steady", request_timeout=20.0)
+    pub = Client(overlay.endpoints(publisher), client_id="steady", request_timeout=publish_timeout)
     sub_clients = [Client(overlay.endpoints(vn), manifest=overlay.manifest) for vn in subscribers]
     received: dict[str, list[tuple[int, bytes, bool]]] = {vn: [] for vn in subscribers}
     arrived: dict[str, dict[int, float]] = {vn: {} for vn in subscribers}
@@ -249,6 +251,7 @@ async def exchange(
                 await asyncio.sleep(max(0.0, start + i / rate - now))
                 conf = confidential and i % 2 == 1
                 payload = f"steady #{i} ".encode().ljust(size, b".")
+                asked = time.monotonic()
                 try:
                     seq = await pub.publish(
                         {"class": "rel", "i": i}, payload, ack=False, confidential=conf
@@ -261,6 +264,7 @@ async def exchange(
                     continue
                 tally.sent[seq] = (payload, conf)
                 tally.published_at[seq] = time.monotonic()
+                tally.longest_publish_s = max(tally.longest_publish_s, time.monotonic() - asked)
             tally.seconds = time.monotonic() - start
             tally.stopped = time.monotonic()
             try:
@@ -607,6 +611,7 @@ class Plan:
     tree: Tree = LINE
     subscribers: tuple[str, ...] = ("c",)
     tail: float = 0.0  # seconds of publishing at least, once the faults are over
+    publish_timeout: float = 20.0  # the publisher's request_timeout
 
 
 HUB_SUBS = ("c", "d")
@@ -627,9 +632,11 @@ SCENARIOS: dict[str, Callable[[bool], Plan]] = {
     "netem": lambda full: Plan(impair(0.05, 0.05, 0.01), 60 if full else 8, 12),
     # A publisher offering 2 MB/s of plain publications into a 10 s partition: the links'
     # send buffers fill (send_buffer_limit), the edge brokers stop reading from it, and its
-    # publish() waits for room. Memory stays bounded; nothing is lost.
+    # publish() waits for room. Memory stays bounded; nothing is lost. It waits for the
+    # partition, TCP's back-off and the drain: 11 s on a quiet machine, over 20 s once on a
+    # CI machine twice as slow, hence its own timeout.
     "flood-partition": lambda full: Plan(
-        partition(10.0), 16, 30, rate=500.0, size=4096, confidential=False
+        partition(10.0), 16, 30, rate=500.0, size=4096, confidential=False, publish_timeout=60.0
     ),
     # The same offered load without the partition: what the overlay carries anyway.
     "flood": lambda full: Plan(no_faults, 16, 12, rate=500.0, size=4096, confidential=False),
@@ -723,6 +730,7 @@ def run_scenario(
                         confidential=plan.confidential,
                         subscribers=plan.subscribers,
                         tail=plan.tail,
+                        publish_timeout=plan.publish_timeout,
                     )
                 )
             finally:
