@@ -236,7 +236,13 @@ async def exchange(
     async with contextlib.AsyncExitStack() as stack:
         for client in [pub, *sub_clients]:
             await stack.enter_async_context(client)
-        subs = [await stack.enter_async_context(c.subscribe(TOPIC)) for c in sub_clients]
+        # The collectors share this process with the publisher and every other client: on a
+        # busy machine a burst (a partition's backlog, replayed at the heal) can outrun them,
+        # and a queue that overflowed (SlowConsumerError) would count as the overlay's loss.
+        subs = [
+            await stack.enter_async_context(c.subscribe(TOPIC, queue_size=1_000_000))
+            for c in sub_clients
+        ]
         await pub.advertise(TOPIC)
 
         async def publish() -> None:
