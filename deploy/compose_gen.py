@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -152,6 +153,22 @@ def broker_config_text(overlay: ComposeOverlay, broker_id: str) -> str:
     )
 
 
+def host_port_variable(overlay: ComposeOverlay, broker_id: str) -> str:
+    """The host port a broker's client port is published on, as compose reads it."""
+    default = CLIENT_PORT + overlay.broker_ids.index(broker_id)
+    return f"${{TRELLIS_PORT_{env_suffix(broker_id)}:-{default}}}"
+
+
+def host_endpoints(overlay: ComposeOverlay, broker_id: str) -> str:
+    """``client_endpoints`` of a broker (JSON, for compose to fill in the ports): where the
+    host's clients dial its VN's replicas. A client given one of them is told the others
+    there, not at the service names only containers resolve."""
+    vn = overlay.vn_of(broker_id)
+    return json.dumps(
+        {b: f"127.0.0.1:{host_port_variable(overlay, b)}" for b in overlay.replicas_of(vn)}
+    )
+
+
 def compose_text(overlay: ComposeOverlay) -> str:
     keys = f"${{TRELLIS_KEYS_DIR:-./{KEYS_DIR}}}"
     vns = " - ".join(sorted(overlay.tree.brokers))
@@ -182,8 +199,10 @@ def compose_text(overlay: ComposeOverlay) -> str:
             f"  {name}:",
             "    <<: *broker",
             f"    hostname: {name}",
+            "    environment:",
+            f"      TRELLIS_CLIENT_ENDPOINTS: '{host_endpoints(overlay, broker_id)}'",
             "    ports:",
-            f'      - "127.0.0.1:${{TRELLIS_PORT_{suffix}:-{CLIENT_PORT + index}}}:{CLIENT_PORT}"',
+            f'      - "127.0.0.1:{host_port_variable(overlay, broker_id)}:{CLIENT_PORT}"',
             f'      - "127.0.0.1:${{TRELLIS_ADMIN_{suffix}:-{ADMIN_PORT + index}}}:{ADMIN_PORT}"',
             "    volumes:",
             f"      - ./deploy/compose/{name}.toml:/etc/trellis/broker.toml:ro",

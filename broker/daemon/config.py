@@ -14,10 +14,11 @@ import os
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -44,24 +45,30 @@ class ConfigError(TrellisError):
     code = "config"
 
 
+def _port_in_range(value: str) -> str:
+    port = int(value.rpartition(":")[2])
+    if not 1 <= port <= 65535:
+        raise ValueError(f"{value!r}: port {port} is not 1 to 65535")
+    return value
+
+
+Endpoint = Annotated[
+    str,
+    Field(pattern=r"^[^\s:]+:\d{1,5}$", description="HOST:PORT"),
+    AfterValidator(_port_in_range),
+]
+
+
 class NeighbourConfig(BaseModel):
     """An overlay neighbour: its broker id and where it listens."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: str = Field(min_length=1, max_length=256)
-    endpoint: str = Field(pattern=r"^[^\s:]+:\d{1,5}$", description="HOST:PORT")
+    endpoint: Endpoint
     vn: str | None = Field(None, description="its virtual node (default: its own id)")
     replica: int = Field(0, ge=0, description="its index among its VN's replicas")
     vn_size: int = Field(1, ge=1, le=64, description="number of replicas of its VN")
-
-    @field_validator("endpoint")
-    @classmethod
-    def _port_in_range(cls, value: str) -> str:
-        port = int(value.rpartition(":")[2])
-        if not 1 <= port <= 65535:
-            raise ValueError(f"{value!r}: port {port} is not 1 to 65535")
-        return value
 
     @model_validator(mode="after")
     def _replica_in_vn(self) -> NeighbourConfig:
@@ -259,6 +266,12 @@ class BrokerConfig(BaseModel):
         (),
         description="other overlay brokers this one may link to when reconfiguration moves it",
     )
+    client_endpoints: dict[str, Endpoint] = Field(
+        default_factory=dict,
+        description="where clients dial the replicas of this broker's VN, by broker id, when "
+        "not at their peers endpoint (containers behind published ports): a client given "
+        "fewer endpoints than a majority of the VN is told these and connects to them",
+    )
     links_file: Path | None = Field(
         None,
         description="where the broker keeps its current neighbours, so that a restart after "
@@ -349,6 +362,14 @@ class BrokerConfig(BaseModel):
             if twice:
                 raise ValueError(f"{key} lists {twice[0]!r} twice")
         _same_vn_agrees(self.neighbours)
+        vn = self.vn or self.id
+        replicas = {self.id} | {n.id for n in (*self.neighbours, *self.peers) if n.vn_id == vn}
+        strangers = sorted(set(self.client_endpoints) - replicas)
+        if strangers:
+            raise ValueError(
+                f"client_endpoints names {strangers[0]!r}, which neither neighbours nor peers "
+                f"list as a replica of this broker's VN {vn!r}"
+            )
         return self
 
     @model_validator(mode="after")
@@ -477,12 +498,13 @@ def _read_file(path: Path) -> dict[str, Any]:
 
 
 def _from_text(name: str, field: FieldInfo, text: str) -> Any:
-    """An environment variable's value for key ``name``: a list or a table is JSON text
-    (``TRELLIS_TRAFFIC_LOG`` may also be ``off`` or the directory itself)."""
+    """An environment variable's value for key ``name``: a list, a table or a map (such as
+    ``client_endpoints``) is JSON text (``TRELLIS_TRAFFIC_LOG`` may also be ``off`` or the
+    directory itself)."""
     if name == "traffic_log" and not text.lstrip().startswith("{"):
         off = text.strip().lower() in ("off", "false", "no", "0")
         return {"enabled": False} if off else {"dir": text.strip()}
-    if _table(field) is None and get_origin(field.annotation) is not tuple:
+    if _table(field) is None and get_origin(field.annotation) not in (tuple, dict):
         return text
     try:
         return json.loads(text)

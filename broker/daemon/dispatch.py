@@ -1007,8 +1007,13 @@ class Broker:
         """This broker's VN as ``[broker id, endpoint]`` pairs for a client's WELCOME: a
         client given fewer endpoints than a majority of the VN connects to the others too
         (otherwise what it publishes or subscribes is held by too few replicas to be
-        forwarded). Its own endpoint is left empty: the client dialled it already."""
-        siblings = {n.id: n.endpoint for n in self.directory.values() if n.vn_id == self.vn}
+        forwarded). Its own endpoint is left empty: the client dialled it already. A sibling
+        is listed where clients dial it (``client_endpoints``) when that is not where
+        brokers do (containers behind published ports)."""
+        dial = self.config.client_endpoints
+        siblings = {
+            n.id: dial.get(n.id, n.endpoint) for n in self.directory.values() if n.vn_id == self.vn
+        }
         return [[self.config.id, ""], *([b, siblings[b]] for b in sorted(siblings))]
 
     def attach_client(self, conn: Connection, client_id: str) -> None:

@@ -27,6 +27,7 @@ from broker.wire.protocol import (
     encode,
 )
 from overlay.tree import broker_names, line_tree
+from tests.support import GatedProxy
 from tests.wire import RawPeer
 
 
@@ -358,72 +359,6 @@ async def test_requests_on_a_closed_client_raise_trellis_errors(broker: BrokerPr
     ):
         with pytest.raises(TrellisError):
             await request
-
-
-class GatedProxy:
-    """A loopback TCP proxy whose broker-to-client direction is held at a gate: chunks
-    pass only as the test lets them (``release(n)``, ``open()``)."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.to_client: asyncio.Queue[bytes] = asyncio.Queue()
-        self.credit = asyncio.Semaphore(0)
-        self.opened = False
-        self.from_client: list[bytes] = []
-        self.client_data = asyncio.Event()
-        self.tasks: set[asyncio.Task[None]] = set()
-        self.writers: list[asyncio.StreamWriter] = []
-        self.server: asyncio.Server | None = None
-
-    async def start(self) -> str:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        port = self.server.sockets[0].getsockname()[1]
-        return f"127.0.0.1:{port}"
-
-    def release(self, chunks: int = 1) -> None:
-        for _ in range(chunks):
-            self.credit.release()
-
-    def open(self) -> None:
-        self.opened = True
-        self.release(1_000_000)
-
-    async def _serve(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
-        breader, bwriter = await asyncio.open_connection("127.0.0.1", self.target_port)
-        self.writers += [cwriter, bwriter]
-
-        async def upstream() -> None:
-            while data := await creader.read(65536):
-                self.from_client.append(data)
-                self.client_data.set()
-                bwriter.write(data)
-            bwriter.close()
-
-        async def downstream() -> None:
-            while data := await breader.read(65536):
-                await self.credit.acquire()
-                cwriter.write(data)
-            cwriter.close()
-
-        for coro in (upstream(), downstream()):
-            task = asyncio.create_task(coro)
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-
-    async def wait_client_chunks(self, count: int, timeout: float = 5.0) -> None:
-        async with asyncio.timeout(timeout):
-            while len(self.from_client) < count:
-                self.client_data.clear()
-                await self.client_data.wait()
-
-    async def close(self) -> None:
-        for task in list(self.tasks):
-            task.cancel()
-        for writer in self.writers:
-            writer.close()
-        if self.server is not None:
-            self.server.close()
-            await self.server.wait_closed()
 
 
 @pytest.mark.slow

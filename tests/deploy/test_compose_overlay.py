@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.client import Client, Subscription
+from broker.client import Client, Subscription, parse_endpoint
 from broker.errors import ConnectionLost, TLSError, TrellisTimeout
 from broker.tools import cli
 from broker.tools.local import ClientTLS, OverlayError, fetch_json, free_ports
@@ -290,13 +290,21 @@ async def test_clients_without_our_certificate_are_refused_and_the_overlay_keeps
     neighbours = {"b0": {"b1"}, "b1": {"b0", "b2"}, "b2": {"b1"}}
     want = {b: {p for p in brokers if vn_of[p] in neighbours[vn_of[b]]} for b in brokers}
     assert await wait_links(overlay, want, timeout=5) == want
+    # The subscriber is given one replica's published port, as a user copying one line
+    # might: the WELCOME tells it the others at their host ports (client_endpoints).
     async with (
         Client(overlay.endpoints("b0"), client_id="tls-pub", **overlay.tls) as pub,
         Client(
-            overlay.endpoints("b2"), client_id="tls-sub", manifest=overlay.manifest, **overlay.tls
+            overlay.endpoints("b2")[1],
+            client_id="tls-sub",
+            manifest=overlay.manifest,
+            **overlay.tls,
         ) as sc,
         sc.subscribe("class = 'tls'") as sub,
     ):
+        assert sorted(sc.replica_endpoints) == sorted(
+            parse_endpoint(e) for e in overlay.endpoints("b2")
+        )
         await pub.advertise("class = 'tls'")
         await asyncio.sleep(1.0)  # routing state settles across the three VNs
         for i in range(6):

@@ -10,8 +10,10 @@ import pytest
 
 from broker.client import Client, Subscription, parse_endpoint
 from broker.errors import TrellisTimeout
-from broker.tools.local import LocalOverlay
+from broker.tools.launcher import BrokerProcess
+from broker.tools.local import LocalOverlay, free_ports
 from overlay.tree import broker_names, line_tree
+from tests.support import GatedProxy
 from tests.system.test_overlay import metric
 
 pytestmark = pytest.mark.slow
@@ -234,3 +236,54 @@ async def test_clients_given_one_replica_of_a_vn_find_the_others_and_deliver(
     with pytest.raises(TrellisTimeout, match=r"is a replica of VN b[01], the other endpoints"):
         async with Client([b0[0], b1[0]], client_id="mixed", connect_timeout=2):
             pass
+
+
+async def test_clients_are_told_the_other_replicas_where_clients_dial_them(
+    run_broker: Callable[..., BrokerProcess],
+) -> None:
+    """Containers: brokers reach each other at one address (the compose network), clients
+    at another (ports published on the host). A client given one replica is told the
+    others at their ``client_endpoints``, not at addresses only brokers can reach."""
+    ports = free_ports(3)
+    relays = [GatedProxy(port) for port in ports]  # "published ports": where clients dial
+    dial = [await relay.start() for relay in relays]
+    for relay in relays:
+        relay.open()
+    replicas = [
+        {"id": f"r{i}", "endpoint": f"127.0.0.1:{port}", "vn": "v", "replica": i, "vn_size": 3}
+        for i, port in enumerate(ports)
+    ]
+    brokers = [
+        run_broker(
+            f"r{i}",
+            port=ports[i],
+            vn="v",
+            replica=i,
+            vn_size=3,
+            peers=[r for r in replicas if r["id"] != f"r{i}"],
+            client_endpoints={f"r{j}": dial[j] for j in range(3)},
+        )
+        for i in range(3)
+    ]
+    try:
+        async with (
+            Client(brokers[0].endpoint, client_id="pub") as pub,
+            Client(dial[2], client_id="sub") as sc,
+            sc.subscribe("class = 'v'") as sub,
+        ):
+            told = [brokers[0].endpoint, dial[1], dial[2]]
+            assert sorted(pub.replica_endpoints) == sorted(parse_endpoint(e) for e in told)
+            assert sorted(sc.replica_endpoints) == sorted(parse_endpoint(e) for e in dial)
+            await pub.advertise("class = 'v'")
+            for i in range(3):
+                await pub.publish({"class": "v", "i": i}, b"plain %d" % i)
+            assert [(await sub.get(10)).payload for _ in range(3)] == [
+                b"plain 0",
+                b"plain 1",
+                b"plain 2",
+            ]
+        # pub: r1 and r2 through their relays; sub: all three.
+        assert [relay.connections for relay in relays] == [1, 2, 2]
+    finally:
+        for relay in relays:
+            await relay.close()

@@ -180,3 +180,21 @@ def test_a_neighbour_port_outside_1_to_65535_is_refused(tmp_path: Path, port: st
         ConfigError, match=rf"neighbours\.0\.endpoint \(.*broker.toml\): .*port {port} is not"
     ):
         load_config(path, environ={})
+
+
+def test_client_endpoints_come_from_json_and_name_only_replicas_of_this_vn() -> None:
+    peers = '[{"id": "b0.1", "endpoint": "b0-1:7700", "vn": "b0", "replica": 1, "vn_size": 2}]'
+    base = {"id": "b0.0", "vn": "b0", "vn_size": 2}
+    dial = '{"b0.0": "127.0.0.1:7700", "b0.1": "127.0.0.1:7701"}'
+    config = load_config(
+        None, base, environ={"TRELLIS_PEERS": peers, "TRELLIS_CLIENT_ENDPOINTS": dial}
+    )
+    assert config.client_endpoints == {"b0.0": "127.0.0.1:7700", "b0.1": "127.0.0.1:7701"}
+    with pytest.raises(ConfigError, match=r"names 'b1\.0', which neither neighbours nor peers"):
+        load_config(
+            None,
+            base,
+            environ={"TRELLIS_PEERS": peers, "TRELLIS_CLIENT_ENDPOINTS": '{"b1.0": "h:1"}'},
+        )
+    with pytest.raises(ConfigError, match=r"client_endpoints\.b0\.1 .*port 70000"):
+        load_config(None, {**base, "client_endpoints": {"b0.1": "h:70000"}}, environ={})
