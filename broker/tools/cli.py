@@ -145,6 +145,48 @@ def tls_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"ca": args.ca, "cert": args.cert, "key": args.key}
 
 
+def client_target(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
+    """The endpoints and TLS arguments of ``pub``/``sub``: ``--endpoint`` (and ``--ca``...),
+    or ``--dir DIR --vn VN``, a VN of a local overlay, whose replicas' endpoints and (on a
+    ``--tls`` overlay) client certificate come from ``DIR/overlay.json``; ``--ca`` given
+    as well overrides that certificate.
+
+    Raises:
+        UsageError: neither or both of ``--endpoint`` and ``--dir``, ``--vn`` without
+            ``--dir`` or the reverse (the message lists the overlay's VNs), TLS flags astray.
+    """
+    tls = tls_options(args)
+    if args.endpoint and args.dir:
+        raise UsageError("give --endpoint or --dir with --vn, not both")
+    if args.endpoint:
+        if args.vn:
+            raise UsageError("--vn names a VN of a local overlay: give --dir DIR too")
+        return args.endpoint.split(","), tls
+    if not args.dir:
+        raise UsageError(
+            "give --endpoint HOST:PORT, or --dir DIR --vn VN for a VN of a local overlay "
+            "(trellis up --dir DIR)"
+        )
+    from broker.tools.local import read_overlay, vn_client_access
+
+    if not args.vn:
+        vns = ", ".join(sorted(read_overlay(Path(args.dir)).get("vns", {})))
+        raise UsageError(f"--dir needs --vn, one of the overlay's VNs: {vns}")
+    endpoints, overlay_tls = vn_client_access(Path(args.dir), args.vn)
+    return endpoints, tls if args.ca else {**tls, **overlay_tls}
+
+
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--endpoint``, or ``--dir`` and ``--vn``: where ``pub``/``sub`` connect."""
+    parser.add_argument(
+        "--endpoint", help="HOST:PORT (comma-separated for several); or --dir with --vn"
+    )
+    parser.add_argument(
+        "--dir", help="a local overlay (trellis up --dir DIR): connect to the replicas of --vn"
+    )
+    parser.add_argument("--vn", help="with --dir: the VN whose replicas to connect to, e.g. b0")
+
+
 def delivery_json(msg: Delivery) -> str:
     """One JSON object per delivery; payload as text when it is UTF-8, else base64."""
     import base64
@@ -221,12 +263,13 @@ async def _pub(args: argparse.Namespace) -> int:
     from broker.tools.topic_cli import client_identity
 
     identity = client_identity(args)
+    endpoints, tls = client_target(args)
     client = Client(
-        args.endpoint.split(","),
+        endpoints,
         key_refresh=args.key_refresh,
         first_seq=first_seq_for(args.first_seq, fixed_id=identity["client_id"] is not None),
         **identity,
-        **tls_options(args),
+        **tls,
     )
     async with client:
         await client.advertise(args.advertise or advertisement_for(attrs))
@@ -270,20 +313,20 @@ async def _sub(args: argparse.Namespace) -> int:
     from broker.client import Client
     from broker.errors import SlowConsumerError
 
-    if args.manifest is None:
+    endpoints, tls = client_target(args)
+    manifest = args.manifest
+    if manifest is None and args.dir and (Path(args.dir) / "manifest.json").is_file():
+        manifest = str(Path(args.dir) / "manifest.json")
+    if manifest is None:
         logging.getLogger("trellis.client").addFilter(_NoManifestHint())
     received = 0
     from broker.tools.topic_cli import client_identity
 
-    client = Client(
-        args.endpoint.split(","),
-        manifest=args.manifest,
-        **client_identity(args),
-        **tls_options(args),
-    )
+    client = Client(endpoints, manifest=manifest, **client_identity(args), **tls)
     try:
         async with client, client.subscribe(args.filter) as sub:
-            print(f"subscribed to {args.filter} at {args.endpoint}", file=sys.stderr, flush=True)
+            where = f"VN {args.vn} of {args.dir}" if args.dir else args.endpoint
+            print(f"subscribed to {args.filter} at {where}", file=sys.stderr, flush=True)
             if args.ready_file:
                 await asyncio.to_thread(Path(args.ready_file).write_text, "subscribed\n")
             deadline = time.monotonic() + args.timeout if args.timeout else None
@@ -756,7 +799,7 @@ def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_broker)
 
     p = sub.add_parser("pub", help="publish messages")
-    p.add_argument("--endpoint", required=True, help="HOST:PORT (comma-separated for several)")
+    add_target_arguments(p)
     p.add_argument(
         "--attrs", required=True, help="attributes, at least one, e.g. \"class='stock',price=5\""
     )
@@ -797,7 +840,7 @@ def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
 
     p = sub.add_parser("sub", help="subscribe and print deliveries")
     p.add_argument("filter", help="e.g. \"class = 'stock' and price < 100\"; * for everything")
-    p.add_argument("--endpoint", required=True, help="HOST:PORT (comma-separated for several)")
+    add_target_arguments(p)
     p.add_argument(
         "--count", type=POSITIVE_INT, help="exit after this many deliveries (default: never)"
     )
@@ -812,7 +855,7 @@ def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
     p.add_argument(
         "--manifest",
         help="overlay manifest (DIR/manifest.json of trellis up), to decrypt confidential "
-        "publications (default: none)",
+        "publications (default: none; with --dir, DIR/manifest.json)",
     )
     p.add_argument(
         "--ready-file", help="write a line here once the subscription is active (default: none)"

@@ -538,6 +538,29 @@ def read_overlay(workdir: Path) -> dict[str, Any]:
     return info
 
 
+def vn_client_access(workdir: Path, vn: str) -> tuple[list[str], dict[str, str]]:
+    """What a client of VN ``vn`` of the local overlay in ``workdir`` needs: its replicas'
+    endpoints and, on an overlay started with ``--tls``, the client certificate
+    (``ca``/``cert``/``key``, as ``overlay.json`` names them).
+
+    Raises:
+        OverlayError: no overlay in ``workdir``, or it has no VN ``vn`` (the message lists
+            the ones it has).
+    """
+    info = read_overlay(workdir)
+    vns = {str(name): [str(b) for b in members] for name, members in info.get("vns", {}).items()}
+    if vn not in vns:
+        raise OverlayError(
+            f"the overlay in {workdir} has no VN {vn!r}; its VNs: {', '.join(sorted(vns))}"
+        )
+    endpoints = {str(b["id"]): str(b["endpoint"]) for b in info.get("brokers", [])}
+    missing = [b for b in vns[vn] if b not in endpoints]
+    if missing:
+        raise OverlayError(f"the overlay in {workdir} is not running {', '.join(missing)}")
+    tls = {str(k): str(v) for k, v in (info.get("tls") or {}).items()}
+    return [endpoints[b] for b in vns[vn]], tls
+
+
 def _processes(info: Mapping[str, Any]) -> list[tuple[str, int]]:
     """Every (broker id, pid) an overlay.json names: running brokers and ones starting."""
     entries = [*info.get("brokers", []), *info.get("starting", [])]

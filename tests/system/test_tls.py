@@ -185,6 +185,39 @@ async def test_replicated_overlay_over_tls_delivers_plain_and_confidential_exact
     overlay.wait_linked()
 
 
+def cli_exchange(
+    tmp_path: Path, sub_args: list[str], pub_args: list[str], word: str
+) -> tuple[list[str], str]:
+    """``trellis sub SUB_ARGS`` waiting for two deliveries while ``trellis pub PUB_ARGS``
+    publishes ``word`` plain and confidential: the payloads it printed, and its stderr."""
+    ready = tmp_path / "sub.ready"
+    sub = subprocess.Popen(
+        [sys.executable, "-m", "broker", "sub", "class = 'cli'", *sub_args,
+         "--count", "2", "--timeout", "20", "--ready-file", str(ready)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while not ready.exists() and time.monotonic() < deadline and sub.poll() is None:
+            time.sleep(0.05)
+        assert ready.exists(), sub.stderr.read() if sub.stderr else ""
+        for flags in ([], ["--confidential"]):
+            pub = trellis(
+                "pub", *pub_args, "--attrs", "class='cli'",
+                "--payload", " ".join([word, *flags]), *flags,
+            )  # fmt: skip
+            assert pub.returncode == 0, pub.stderr
+        out, err = sub.communicate(timeout=30)
+    finally:
+        if sub.poll() is None:
+            sub.kill()
+            sub.wait()
+    assert sub.returncode == 0, err
+    return [line.split(" ", 2)[2] for line in out.splitlines()], err
+
+
 @pytest.mark.slow
 def test_cli_pub_and_sub_speak_tls_to_an_overlay_started_with_tls(tmp_path: Path) -> None:
     directory = tmp_path / "ov"
@@ -197,33 +230,14 @@ def test_cli_pub_and_sub_speak_tls_to_an_overlay_started_with_tls(tmp_path: Path
         info = json.loads((directory / "overlay.json").read_text())
         assert info["tls"]["ca"] == str(directory / "tls/ca.crt")
         endpoints = {b["id"]: b["endpoint"] for b in info["brokers"]}
-        ready = tmp_path / "sub.ready"
-        sub = subprocess.Popen(
-            [sys.executable, "-m", "broker", "sub", "class = 'cli'", "--endpoint",
-             endpoints["b1"], "--count", "2", "--timeout", "20", "--ready-file", str(ready),
-             "--manifest", str(directory / "manifest.json"), *tls],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        try:
-            deadline = time.monotonic() + 20
-            while not ready.exists() and time.monotonic() < deadline and sub.poll() is None:
-                time.sleep(0.05)
-            assert ready.exists(), sub.stderr.read() if sub.stderr else ""
-            for flags in ([], ["--confidential"]):
-                pub = trellis(
-                    "pub", "--endpoint", endpoints["b0"], "--attrs", "class='cli'",
-                    "--payload", " ".join(["tls", *flags]), *flags, *tls,
-                )  # fmt: skip
-                assert pub.returncode == 0, pub.stderr
-            out, err = sub.communicate(timeout=30)
-        finally:
-            if sub.poll() is None:
-                sub.kill()
-                sub.wait()
-        assert sub.returncode == 0, err
-        assert [line.split(" ", 2)[2] for line in out.splitlines()] == ["tls", "tls --confidential"]
+        manifest = ["--manifest", str(directory / "manifest.json")]
+        got, _ = cli_exchange(
+            tmp_path,
+            ["--endpoint", endpoints["b1"], *manifest, *tls],
+            ["--endpoint", endpoints["b0"], *tls],
+            "tls",
+        )
+        assert got == ["tls", "tls --confidential"]
 
         refused = trellis("pub", "--endpoint", endpoints["b0"], "--attrs", "class='cli'", *tls[:2])
         assert refused.returncode == 2
@@ -233,5 +247,21 @@ def test_cli_pub_and_sub_speak_tls_to_an_overlay_started_with_tls(tmp_path: Path
         assert half.stderr.strip().splitlines()[-1] == (
             "trellis sub: error: --cert and --key go together (a certificate and its private key)"
         )
+    finally:
+        trellis("down", "--dir", str(directory))
+
+
+@pytest.mark.slow
+def test_cli_pub_and_sub_find_a_vn_of_a_local_overlay_by_dir_and_vn(tmp_path: Path) -> None:
+    """``--dir DIR --vn VN``: every replica's endpoint, the client certificate of a ``--tls``
+    overlay and (for ``sub``) the manifest come from the overlay's directory."""
+    directory = tmp_path / "ov"
+    up = trellis("up", "--tls", "--vns", "2", "--replicas", "3", "--dir", str(directory))
+    try:
+        assert up.returncode == 0, up.stderr
+        at = ["--dir", str(directory), "--vn"]
+        got, err = cli_exchange(tmp_path, [*at, "b1"], [*at, "b0"], "dir")
+        assert "at VN b1 of" in err
+        assert got == ["dir", "dir --confidential"]
     finally:
         trellis("down", "--dir", str(directory))

@@ -69,6 +69,32 @@ def test_a_typo_in_a_flag_shows_that_subcommands_usage() -> None:
     assert "unrecognized arguments: --cuont 3" in error_line(out, "sub")
 
 
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ([], "give --endpoint HOST:PORT, or --dir DIR --vn VN"),
+        (["--dir", "{ov}"], "--dir needs --vn, one of the overlay's VNs: b0, b1"),
+        (["--dir", "{ov}", "--vn", "b9"], "has no VN 'b9'; its VNs: b0, b1"),
+        (["--vn", "b0", "--endpoint", "127.0.0.1:9"], "give --dir DIR too"),
+        (["--dir", "{ov}", "--vn", "b0", "--endpoint", "127.0.0.1:9"], "not both"),
+        (["--dir", "{nowhere}", "--vn", "b0"], "missing overlay.json"),
+    ],
+)
+def test_pub_and_sub_say_which_vn_of_a_local_overlay_to_give(
+    tmp_path: Path, args: list[str], says: str
+) -> None:
+    ov = tmp_path / "ov"
+    ov.mkdir()
+    vns = {f"b{v}": [f"b{v}.{r}" for r in range(3)] for v in range(2)}
+    brokers = [{"id": b, "endpoint": "127.0.0.1:9"} for members in vns.values() for b in members]
+    (ov / "overlay.json").write_text(json.dumps({"brokers": brokers, "vns": vns}))
+    args = [a.format(ov=ov, nowhere=tmp_path / "nowhere") for a in args]
+    for command in (["pub", "--attrs", "class='x'", *args], ["sub", "*", *args]):
+        out = trellis(*command)
+        assert out.returncode == 2
+        assert says in error_line(out, command[0])
+
+
 def test_pub_refuses_empty_attributes(broker: BrokerProcess) -> None:
     out = trellis("pub", "--endpoint", broker.endpoint, "--attrs", "")
     assert out.returncode == 2
