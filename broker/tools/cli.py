@@ -248,7 +248,7 @@ def first_seq_for(given: int | None, *, fixed_id: bool) -> int:
     return time.time_ns() // 1000 if fixed_id else 1
 
 
-async def _pub(args: argparse.Namespace) -> int:
+async def _pub(args: argparse.Namespace, endpoints: list[str], tls: dict[str, Any]) -> int:
     from broker.client import Client
     from broker.language.grammar import parse_attrs
 
@@ -263,7 +263,6 @@ async def _pub(args: argparse.Namespace) -> int:
     from broker.tools.topic_cli import client_identity
 
     identity = client_identity(args)
-    endpoints, tls = client_target(args)
     client = Client(
         endpoints,
         key_refresh=args.key_refresh,
@@ -309,14 +308,12 @@ class _NoManifestHint(logging.Filter):
         return False
 
 
-async def _sub(args: argparse.Namespace) -> int:
+async def _sub(
+    args: argparse.Namespace, endpoints: list[str], tls: dict[str, Any], manifest: str | None
+) -> int:
     from broker.client import Client
     from broker.errors import SlowConsumerError
 
-    endpoints, tls = client_target(args)
-    manifest = args.manifest
-    if manifest is None and args.dir and (Path(args.dir) / "manifest.json").is_file():
-        manifest = str(Path(args.dir) / "manifest.json")
     if manifest is None:
         logging.getLogger("trellis.client").addFilter(_NoManifestHint())
     received = 0
@@ -355,11 +352,14 @@ async def _sub(args: argparse.Namespace) -> int:
 
 
 def cmd_pub(args: argparse.Namespace) -> int:
-    return run_async(_pub(args))
+    return run_async(_pub(args, *client_target(args)))
 
 
 def cmd_sub(args: argparse.Namespace) -> int:
-    return run_async(_sub(args))
+    manifest = args.manifest
+    if manifest is None and args.dir and (Path(args.dir) / "manifest.json").is_file():
+        manifest = str(Path(args.dir) / "manifest.json")
+    return run_async(_sub(args, *client_target(args), manifest))
 
 
 # -- local overlay ----------------------------------------------------------------------
