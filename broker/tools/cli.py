@@ -464,7 +464,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         print("\ntrellis up: interrupted; stopped every broker it had started", file=sys.stderr)
         raise
     print(json.dumps(overlay.describe(), indent=2))
-    first, last = sorted(tree.brokers)[0], sorted(tree.brokers)[-1]
+    vns = sorted(tree.brokers)
+    first, last = vns[0], vns[-1]
     print(
         f'clients: trellis sub --dir {args.dir} --vn {last} "*"; '
         f"trellis pub --dir {args.dir} --vn {first} --attrs \"class='x'\" --payload hi; "
