@@ -131,6 +131,10 @@ class UnknownState(InvalidRequest):
 MAX_PUBLISHER_SESSIONS = 65_536
 """Publishers whose last session a broker remembers (least recently published forgotten)."""
 
+PROBE_GRACE = 2.0
+"""Seconds a client's connection has to answer the PING sent when another session presents
+its id, before that session may take the id (:meth:`Broker.still_answers`)."""
+
 
 class Connection(asyncio.Protocol):
     """One TCP connection: a local client, or a link to a neighbour broker."""
@@ -174,6 +178,9 @@ class Connection(asyncio.Protocol):
         self.max_seq = 0
         self.last_seen = time.monotonic()
         self.opened = self.last_seen
+        # When a PING asked whether this client still answers (another session presented
+        # its id: Broker.still_answers).
+        self.probed: float | None = None
         # An unfinished frame seen by the heartbeat: since when, and the decoder's progress
         # then (see Broker.heartbeat: a frame must complete within three intervals).
         self.partial_since: float | None = None
@@ -1022,12 +1029,12 @@ class Broker:
             old is not None
             and old is not conn
             and (old.session is None or old.session != conn.session)
-            and time.monotonic() - old.last_seen <= 2 * self.config.heartbeat_interval
+            and self.still_answers(old)
         ):
             # Another client (two given one id, or someone using another's id) must not
             # close a live connection and take its subscriptions: only the same session may
-            # (its reconnection), or anyone once the old connection went silent (a client
-            # restarted while its old connection was left half-open).
+            # (its reconnection), or anyone once the old connection stopped answering (a
+            # client restarted while its old connection was left half-open).
             raise NotAuthorized(
                 f"client id '{client_id}' is in use by a live connection of another session; "
                 "every client needs its own id"
@@ -1040,6 +1047,10 @@ class Broker:
             # noticed yet), and what it holds passes to the new one (resume_session).
             old.lingers = old.session is not None and old.session == conn.session
             old.fail(ProtocolError(f"client id '{client_id}' connected again: session taken over"))
+            if not old.lingers and old.transport is not None:
+                # Another session took the id of a connection that stopped answering: what
+                # is queued to it would wait on TCP's retransmission back-off.
+                old.transport.abort()
             self.connection_closed(old)
         conn.peer_id = client_id
         if self.sessions.linger > 0:
@@ -1050,6 +1061,26 @@ class Broker:
         if self.frozen:
             self.hold_back(conn)
         log.debug("client %s connected from %s", client_id, conn.peer)
+
+    def still_answers(self, old: Connection) -> bool:
+        """Whether a client's connection shows life now that another session presents its
+        id. The heartbeat alone would keep a half-open connection (its client restarted
+        after a crash or a cut) for two intervals, refusing the restarted client meanwhile;
+        so the first conflicting HELLO sends the old connection a PING, and a later one
+        (the SDK retries) finds it dead once that PING went unanswered for
+        :data:`PROBE_GRACE` (at most one heartbeat interval). Silence this broker caused
+        (a freeze, back-pressure, a backlog not yet read) never counts: such a connection
+        answers."""
+        now = time.monotonic()
+        if now - old.last_seen > 2 * self.config.heartbeat_interval:
+            return False
+        if old.probed is None or old.last_seen >= old.probed:
+            old.probed = now
+            old.send(Ping(int(now)))
+            return True
+        grace = min(PROBE_GRACE, self.config.heartbeat_interval)
+        unread = old.reading_paused or bool(old.holds) or bool(self.congested_links)
+        return now - old.probed < grace or unread or old in self.paused
 
     def accept_link(self, conn: Connection, peer_id: str) -> None:
         if peer_id == self.config.id:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -255,7 +256,36 @@ async def test_a_second_client_with_a_live_clients_id_is_refused_and_the_first_k
         finally:
             await intruder.close()
         async with Client(broker.endpoint, client_id="twin"):
+            # Its retries go on past the grace a live connection has to answer the probe.
             with pytest.raises(TrellisError, match="client id 'twin' is in use"):
-                await Client(broker.endpoint, client_id="twin", connect_timeout=1).connect()
+                await Client(broker.endpoint, client_id="twin", connect_timeout=4).connect()
         await pc.publish({"class": "mine", "n": 1})
         assert (await sub.get(5)).attrs["n"] == 1
+
+
+async def test_a_restarted_client_takes_its_id_from_a_half_open_connection_within_seconds(
+    run_broker: Callable[..., BrokerProcess],
+) -> None:
+    """A client whose old connection was left half-open (it crashed, or the network cut it)
+    used to be refused its own id until the heartbeat gave up on the old one: two intervals,
+    20 s by default, past the SDK's 5 s connect timeout. The broker now asks the old
+    connection with a PING and frees the id once it goes unanswered (``PROBE_GRACE``)."""
+    broker = run_broker(heartbeat_interval=10.0)  # the heartbeat alone takes 20 s
+    stale = await RawPeer.connect(broker.endpoint)
+    try:
+        welcome = await stale.hello("restarted", {"session": "before-the-crash"})
+        assert isinstance(welcome, Welcome)
+        # From now on the old connection reads and answers nothing: a half-open socket.
+        started = asyncio.get_running_loop().time()
+        async with (
+            Client(broker.endpoint, client_id="restarted", connect_timeout=8) as sc,
+            Client(broker.endpoint) as pc,
+        ):
+            took = asyncio.get_running_loop().time() - started
+            async with sc.subscribe("class = 'fresh'") as sub:
+                await pc.advertise("class = 'fresh'")
+                await pc.publish({"class": "fresh", "n": 1})
+                assert (await sub.get(5)).attrs["n"] == 1
+        assert took < 8
+    finally:
+        await stale.close()
