@@ -147,6 +147,11 @@ class ReplicatedStream(Generic[S, T]):
         """Sequences with copies that are not decided yet."""
         return len(self._pending)
 
+    @property
+    def last_undecided(self) -> int:
+        """The highest sequence with copies that is not decided yet (-1: none)."""
+        return max(self._pending, default=-1)
+
     def blocked_since(self) -> float | None:
         """When the first copy of the smallest undecided sequence came, if any is waiting."""
         return self._pending[self._heap[0]].since if self._heap else None

@@ -656,10 +656,31 @@ class Connection(asyncio.Protocol):
         if not known and not hop.has_votes(kind, key) and not hop.has_votes(removal, key):
             message, what = _REMOVALS[kind]
             self.reject(0, UnknownState(f"{message} of unknown {what} '{key}'"))
-        else:
-            if hop.vote(self.peer_id, (removal, key)) and known:
+            return
+        if hop.vote(self.peer_id, (removal, key)) and known:
+            if kind == "adv":
+                self.remove_behind_publications(hop, key, apply)
+            else:
                 self.broker.execute(apply(hop, key))
-            self.broker.waves.recheck()
+        self.broker.waves.recheck()
+
+    def remove_behind_publications(
+        self, hop: VNHop, key: str, apply: Callable[[VNHop, str], Actions]
+    ) -> None:
+        """Withdraw an advertisement of neighbour VN ``hop`` after the publications from it
+        still waiting for agreement (:meth:`Forwarder.after_undecided`): applied earlier,
+        the removal would overtake them, and the subscriptions it withdraws downstream
+        would leave them no route. Skipped if meanwhile the VN's majority announced the
+        advertisement again."""
+        broker = self.broker
+        router = broker.router
+        flt = router.advertisement(hop, key)
+
+        def remove() -> None:
+            if router.advertisement(hop, key) == flt and not hop.has_quorum(("adv", key, flt)):
+                broker.execute(apply(hop, key))
+
+        broker.forwarder.after_undecided(hop.peer_id, remove, time.monotonic())
 
     def answer_step(self, reply: Reply) -> None:
         """Answer a reconfiguration step on this control connection."""

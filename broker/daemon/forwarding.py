@@ -26,6 +26,17 @@ installs the new tables, before it reads anything new, it sends each recorded pu
 the neighbour VNs the new tables add for it (:meth:`Forwarder.replay_routes`), in order; the
 receivers drop what reached them another way (``SeenPublications``).
 
+Removals behind publications: a replica sends a publisher's publications before the removal
+of its advertisement (links are FIFO), but a VN's majority for the removal may include a
+replica that never had them (a Byzantine one, or one the publisher had not reached yet) and
+so be complete while publications from the VN still wait for their ``f + 1``-th copy.
+Applied at once, the removal would travel on ahead of them, the subscribers' edges would
+withdraw their subscriptions toward the publisher, and the publications would find no route
+(seen: ``trellis pub`` leaving right after its last publication lost 4 of 5 behind a line of
+replicated VNs). So a removal of an advertisement waits until the publications from that VN
+undecided when it got its majority are decided, or ``copy_patience``
+(:meth:`Forwarder.after_undecided`).
+
 Back-pressure: a local subscriber whose send buffer is over its limit loses the delivery
 (counted per subscription and reported in a ``NOTICE dropped``); links between brokers
 never drop (the daemon stops reading from its clients instead).
@@ -37,7 +48,7 @@ import logging
 import time
 import zlib
 from collections import defaultdict, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from broker.daemon.hops import Hop, SeenPublications, VNHop
@@ -94,6 +105,15 @@ def content_of(msg: Forward) -> Content:
     return msg.payload, msg.sec, tuple(attrs.items()), tuple(map(type, attrs.values()))
 
 
+class HeldRemoval(NamedTuple):
+    """A removal waiting for publications from its VN (:meth:`Forwarder.after_undecided`)."""
+
+    deadline: float
+    undecided: dict[tuple[str, str], int]
+    """(upstream VN, publisher) -> the highest sequence undecided when it was held."""
+    apply: Callable[[], None]
+
+
 class Forwarder:
     """Routes publications for one broker; counts the traffic classes it carried."""
 
@@ -129,6 +149,7 @@ class Forwarder:
         self.tlog = tlog
         # What was routed since a live round was prepared here (None: no round).
         self.recorded: deque[RoutedPublication] | None = None
+        self.held_removals: list[HeldRemoval] = []
 
     def start_window(self) -> None:
         """Count traffic classes afresh (a reconfiguration window started)."""
@@ -197,6 +218,34 @@ class Forwarder:
             if vn not in self.checkpoints:
                 self.checkpoints[vn] = (now, stream.first_copy_at)
             self._route_agreed(source, released)
+            if self.held_removals:
+                self._apply_held(now)
+
+    def after_undecided(self, vn: str, apply: Callable[[], None], now: float) -> None:
+        """Run ``apply``, a removal VN ``vn``'s majority agreed on, once every publication
+        from ``vn`` that waits for agreement now is decided, or after ``patience`` (one may
+        never be: a Byzantine replica's copy alone). At once when none waits."""
+        undecided = {
+            key: stream.last_undecided
+            for key in self.waiting
+            if key[0] == vn and (stream := self.streams.get(key)) is not None and stream.waiting
+        }
+        if undecided:
+            self.held_removals.append(HeldRemoval(now + self.patience, undecided, apply))
+        else:
+            apply()
+
+    def _apply_held(self, now: float) -> None:
+        held, self.held_removals = self.held_removals, []
+        streams = self.streams
+        for removal in held:
+            if now >= removal.deadline or all(
+                (stream := streams.get(key)) is None or stream.floor >= seq
+                for key, seq in removal.undecided.items()
+            ):
+                removal.apply()
+            else:
+                self.held_removals.append(removal)
 
     def resize(self, vn: str, size: int) -> None:
         """Neighbouring VN ``vn`` now has ``size`` replicas (a live attach or detach): its
@@ -259,6 +308,8 @@ class Forwarder:
                 self._route_agreed(self.upstream[key[0]], released)
             if stream.blames:
                 self._blame(stream)
+        if self.held_removals:
+            self._apply_held(now)
         deadline = self.silence_deadline
         for vn, (agreed, first_copy) in list(self.checkpoints.items()):
             if now - agreed < deadline:

@@ -197,6 +197,10 @@ class VNHop:
                 if not pending:
                     del table[member]
 
+    def has_quorum(self, entry: Entry) -> bool:
+        """Whether ``entry`` is the latest word of a majority of the VN's replicas."""
+        return len(self._votes.get(entry, ())) >= self.quorum
+
     def has_votes(self, kind: str, key: str) -> bool:
         """Whether some member's latest word on ``key`` is of ``kind``."""
         return (kind, key) in self._entries

@@ -171,8 +171,12 @@ class Router(Generic[H]):
         return actions
 
     def knows_advertisement(self, hop: H, key: str) -> bool:
+        return self.advertisement(hop, key) is not None
+
+    def advertisement(self, hop: H, key: str) -> Filter | None:
+        """The filter of ``hop``'s advertisement ``key``, if it holds one."""
         state = self._hops.get(hop)
-        return state is not None and key in state.advertisements
+        return None if state is None else state.advertisements.get(key)
 
     def is_advertised(self, hop: H, attrs: Mapping[str, Value]) -> bool:
         """Whether a publication from ``hop`` falls inside one of its advertisements."""

@@ -10,6 +10,7 @@ often lost its first publications: they overtook the subscription still travelli
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Callable
 
 import pytest
@@ -173,3 +174,46 @@ async def test_publishers_that_come_one_after_another_each_reach_the_subscriber(
                 raise AssertionError(f"turn-{i}'s publication was lost") from None
             assert (got.publisher, got.attrs["i"]) == (f"turn-{i}", i)
         assert await drain(sub, idle=1.0) == []  # and nothing twice
+
+
+async def test_a_publishers_removal_does_not_overtake_its_publications_past_a_replicated_vn(
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    """A publisher publishes and leaves while one honest edge replica is slow (frozen) and
+    another never routes (``drop``, a Byzantine replica). The next VN gets the removal of
+    the advertisement from a majority (the fast honest replica and the Byzantine one) while
+    the publications still wait for their second copy; applied then, the removal travelled
+    on ahead of them, the subscriber's edge withdrew its subscription, and the publications,
+    agreed once the slow replica woke, found no route: all lost (seen as ``trellis pub``
+    losing 4 of 5 behind a line of replicated VNs). The removal now waits for them."""
+    names = ["b0", "b1", "b2"]
+    overlay = run_overlay(
+        line_tree(names),
+        replicas={"b0": 3, "b1": 3, "b2": 1},
+        overrides={"b0.2": {"byzantine": "drop"}},
+        copy_patience=5.0,
+    )
+    slow = overlay.brokers["b0.1"].process
+    async with (
+        Client(overlay.endpoints("b2"), client_id="sub") as sc,
+        sc.subscribe("class = 'ahead'") as sub,
+    ):
+        pub = Client(overlay.endpoints("b0"), client_id="leaver")
+        async with pub:
+            await pub.advertise("class = 'ahead'")
+            await asyncio.to_thread(overlay.wait_quiet)
+            slow.send_signal(signal.SIGSTOP)
+            try:
+                for i in range(5):
+                    await pub.publish({"class": "ahead", "i": i}, ack=False)
+                await asyncio.sleep(0.5)  # b0.0 routed them and (below) withdraws at once
+            except BaseException:
+                slow.send_signal(signal.SIGCONT)
+                raise
+        try:
+            await asyncio.sleep(1.0)  # the removal reached b1's majority without b0.1
+        finally:
+            slow.send_signal(signal.SIGCONT)
+        got = [await sub.get(10) for _ in range(5)]
+        assert [m.attrs["i"] for m in got] == [0, 1, 2, 3, 4]
+        assert await drain(sub, idle=1.0) == []
