@@ -1008,7 +1008,7 @@ class Client:
         # A link found closing here (its loss not handled yet) keeps the publication for
         # its session to resume with, and does not stop the others.
         links = self._links
-        if len(links) == 1 and self._status is Status.CONNECTED:
+        if len(links) == 1 and not self._joining and self._status is Status.CONNECTED:
             (link,) = links.values()
             if link.can_write.is_set():
                 with contextlib.suppress(ConnectionLost):
@@ -1072,7 +1072,7 @@ class Client:
         if not pending:
             return
         secs = sign_pass(self.signer, [unsigned for _, _, unsigned in pending])
-        links = list({**handed, **self._links}.values())
+        links = list({**handed, **self._links, **self._joining}.values())
         for (seq, attrs, unsigned), sec in zip(pending, secs, strict=True):
             for link in links:
                 with contextlib.suppress(ConnectionLost):
@@ -1141,16 +1141,21 @@ class Client:
             ) from None
 
     async def _writable_links(self) -> list[_Link]:
-        """Connected links, once a majority of them has room to write: whichever they are,
-        so one broker slow to drain (its TCP back-off after a partition, say) does not hold
-        a publisher back while the others take its publications."""
+        """The links a publication goes to, once a majority of the connected ones has room
+        to write: whichever they are, so one broker slow to drain (its TCP back-off after a
+        partition, say) does not hold a publisher back while the others take its
+        publications. Links still joining (their restored state not yet acknowledged) get
+        it too, behind that state: a replica reached just after ``connect()`` returned
+        would otherwise miss every publication until its join completed, and with it the
+        VN would forward them from one replica fewer than it has (one Byzantine replica
+        among the others then stops them)."""
         while True:
             if self._status is not Status.CONNECTED:
                 await self._wait_connected()
                 continue
             links = list(self._links.values())
             if sum(link.can_write.is_set() for link in links) >= self.quorum:
-                return links
+                return [*links, *self._joining.values()]
             self._links_changed.clear()
             try:
                 async with asyncio.timeout(self.request_timeout):

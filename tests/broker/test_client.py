@@ -16,7 +16,7 @@ import pytest
 from broker.client import Client, Status
 from broker.errors import ConnectionLost, InvalidRequest, TrellisError, TrellisTimeout
 from broker.tools.launcher import BrokerProcess
-from broker.tools.local import LocalOverlay, free_ports
+from broker.tools.local import LocalOverlay, fetch_json, free_ports
 from broker.wire.protocol import (
     PROTOCOL_VERSION,
     RESUMED_OPTION,
@@ -273,6 +273,37 @@ async def test_a_held_back_publisher_goes_on_once_any_majority_of_replicas_drain
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+
+
+async def test_a_replica_still_joining_gets_the_publications_made_meanwhile(
+    run_broker: Callable[..., BrokerProcess],
+) -> None:
+    """``trellis pub`` publishes right after ``connect()`` (a majority) and ``advertise()``
+    returned; a replica reached later joins by restoring the advertisements and waits for
+    their acknowledgement. Publications without ``ack`` used to go to the joined links only,
+    so that replica never had them, and its VN forwarded them from one replica fewer (one
+    Byzantine replica among the two left could then stop them)."""
+    brokers = [run_broker(f"r{i}", vn="v", replica=i, vn_size=3, admin_port=0) for i in range(3)]
+    late = GatedProxy(brokers[2].port)  # r2's answers (WELCOME first) wait at a gate
+    endpoints = [brokers[0].endpoint, brokers[1].endpoint, await late.start()]
+    try:
+        async with Client(endpoints) as client:
+            await client.advertise("class = 'early'")
+            late.release(1)  # WELCOME: r2 joins; the acknowledgement of its restore waits
+            await late.wait_client_chunks(2)  # HELLO, then the restored ADVERTISE
+            for i in range(5):
+                await client.publish({"class": "early", "i": i}, ack=False)
+            await client.flush()  # r0 and r1 answer; r2 reads its own pace
+            took: list[int] = []
+            for _ in range(50):
+                took = [fetch_json(b.admin_url + "/healthz")["publications_in"] for b in brokers]
+                if took == [5, 5, 5]:
+                    break
+                await asyncio.sleep(0.1)
+            assert took == [5, 5, 5]
+            late.open()
+    finally:
+        await late.close()
 
 
 async def test_drain_and_flush_raise_trellis_timeout_and_leave_requests_in_flight(
