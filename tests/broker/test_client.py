@@ -27,7 +27,7 @@ from broker.wire.protocol import (
     encode,
 )
 from overlay.tree import broker_names, line_tree
-from tests.support import GatedProxy
+from tests.support import GatedProxy, until
 from tests.wire import RawPeer
 
 
@@ -294,13 +294,13 @@ async def test_a_replica_still_joining_gets_the_publications_made_meanwhile(
             for i in range(5):
                 await client.publish({"class": "early", "i": i}, ack=False)
             await client.flush()  # r0 and r1 answer; r2 reads its own pace
-            took: list[int] = []
-            for _ in range(50):
-                took = [fetch_json(b.admin_url + "/healthz")["publications_in"] for b in brokers]
-                if took == [5, 5, 5]:
-                    break
-                await asyncio.sleep(0.1)
-            assert took == [5, 5, 5]
+
+            def took() -> list[int]:
+                return [fetch_json(b.admin_url + "/healthz")["publications_in"] for b in brokers]
+
+            with contextlib.suppress(TimeoutError):
+                await until(lambda: took() == [5, 5, 5])
+            assert took() == [5, 5, 5]
             late.open()
     finally:
         await late.close()
