@@ -7,7 +7,7 @@ import random
 from collections.abc import Callable
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from overlay.tree import Tree, broker_names, line_tree, random_tree, star_tree
@@ -210,13 +210,17 @@ def test_a_distrusted_vn_never_ends_in_a_transit_position(n: int, seed: int, tig
 
 @settings(max_examples=25, deadline=None)
 @given(st.integers(5, 16), st.integers(0, 10_000))
+@example(16, 1091)  # a start above the budget the trust-aware search sets: not this case
 @example(11, 21)  # the final tree hangs demoted v00 on flagged v07: a pair v07 ends carrying
 def test_from_a_tree_within_budget_no_move_raises_a_distrusted_vn(n: int, seed: int) -> None:
     tree, classes, trust = problem(n, seed)
     # A tree as a previous cycle leaves it: planned for cost with everybody trusted.
     tree = plan_rebuild(tree, classes, {}, CostModel()).after
     plan = plan_rebuild(tree, classes, trust, CostModel(), params=RebuildParams(epsilon=0.2))
-    assert plan.score_before.cost <= plan.budget * (1 + 1e-9)
+    # The premise: the search is a heuristic, so from the tree the cost-only plan left it may
+    # find a cheaper optimum that puts that tree above the new budget (n=16, seed=1091: 354
+    # against 1.2 x 294); such a start is a different case (a move to a cheaper tree).
+    assume(plan.score_before.cost <= plan.budget * (1 + 1e-9))
     for vn in plan.distrusted:
         if len(tree.neighbours(vn)) <= 1:
             assert len(plan.after.neighbours(vn)) <= 1, vn  # a leaf stays a leaf
