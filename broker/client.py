@@ -104,6 +104,11 @@ RECENT_PUBLICATION_BYTES = 2 * 1024 * 1024
 send again when its session there resumes after a lost connection: they may have died in
 the socket buffers. The broker routes each (publisher, seq) once, so the ones that did
 arrive are dropped there."""
+LAGGING_LINK_BYTES = 8 * 1024 * 1024
+"""Bytes of unwritten frames past which a publication without acknowledgement skips the link
+of a replica that stopped reading (its link not writable while a majority of the others take
+it, see ``Client._writable_links``): that replica misses it, as a silent one would, instead of
+the client buffering for it without bound for as long as that broker does not read."""
 # NOTICE kind (both ways) and WELCOME option of a live membership change at the client's
 # edge VN (broker.daemon.membership)
 _MEMBERSHIP = "membership"
@@ -239,6 +244,9 @@ class _Link(asyncio.Protocol):
         self.fatal: TrellisError | None = None
         self.out: list[bytes] = []
         self.out_bytes = 0
+        # publications this link skipped while its broker lagged (LAGGING_LINK_BYTES)
+        self.skipped = 0
+        self.lagging = False
         self.heard = False
         # What the broker's session still held when this connection resumed it (its
         # WELCOME said): (advertisement ids, subscription ids); None: a new session.
@@ -296,6 +304,11 @@ class _Link(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.can_write.set()
+        if self.lagging:
+            self.lagging = False
+            log.info(
+                "broker %s reads again; it missed %d publications", self.broker_id, self.skipped
+            )
         self.client._links_changed.set()
 
     def send(self, msg: Message) -> None:
@@ -307,10 +320,21 @@ class _Link(asyncio.Protocol):
 
     def send_raw(self, data: bytes, keep: bool = True) -> None:
         """Queue an encoded frame; ``keep``: it is a publication to keep for a resumed
-        session (a kept one sent again is kept again)."""
+        session (a kept one sent again is kept again). A publication for a broker that
+        stopped reading, with ``LAGGING_LINK_BYTES`` already waiting for it, is skipped and not
+        kept: that replica misses it (a resumed session sends what is kept after what the
+        broker read, so its seqs still increase there)."""
+        transport = self.transport
         if keep:
+            if (
+                transport is not None
+                and not self.can_write.is_set()
+                and self.out_bytes + transport.get_write_buffer_size() >= LAGGING_LINK_BYTES
+            ):
+                self.skip()
+                return
             self.client._recent_publications[self.index].keep(data)
-        if self.transport is None or self.transport.is_closing():
+        if transport is None or transport.is_closing():
             raise ConnectionLost("not connected to a broker")
         if not self.out:
             asyncio.get_running_loop().call_soon(self.flush)
@@ -319,6 +343,18 @@ class _Link(asyncio.Protocol):
         if self.out_bytes > _CORK_LIMIT:
             # A producer that never yields must still meet the transport's flow control.
             self.flush()
+
+    def skip(self) -> None:
+        """Count a publication this link's lagging broker misses; warn once per lag."""
+        self.skipped += 1
+        if not self.lagging:
+            self.lagging = True
+            log.warning(
+                "broker %s stopped reading with %d bytes waiting for it; its publications "
+                "are skipped until it reads again (its replicas forward them)",
+                self.broker_id,
+                LAGGING_LINK_BYTES,
+            )
 
     def close(self, at_once: bool = False) -> None:
         """Close the connection once what is queued is written; ``at_once``: drop what is

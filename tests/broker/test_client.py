@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from broker.client import Client, Status
+from broker.client import LAGGING_LINK_BYTES, Client, Status
 from broker.errors import ConnectionLost, InvalidRequest, TrellisError, TrellisTimeout
 from broker.tools.launcher import BrokerProcess
 from broker.tools.local import LocalOverlay, fetch_json, free_ports
@@ -273,6 +273,36 @@ async def test_a_held_back_publisher_goes_on_once_any_majority_of_replicas_drain
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+
+
+async def test_a_replica_that_stopped_reading_misses_publications_instead_of_filling_memory(
+    run_broker: Callable[..., BrokerProcess],
+) -> None:
+    """While a majority takes a publisher's publications, the link of a replica that stopped
+    reading used to buffer every one of them in the client for as long as it did not read
+    (200 KB publications at full speed: hundreds of MB). It now holds at most
+    ``LAGGING_LINK_BYTES``; that replica misses the rest and gets new ones once it reads."""
+    brokers = [run_broker(f"r{i}", vn="v", replica=i, vn_size=3, admin_port=0) for i in range(3)]
+    payload = b"x" * 200_000
+    count = 3 * LAGGING_LINK_BYTES // len(payload)
+
+    def took() -> list[int]:
+        return [fetch_json(b.admin_url + "/healthz")["publications_in"] for b in brokers]
+
+    async with Client([b.endpoint for b in brokers]) as client:
+        await client.advertise("class = 'bulk'")
+        with frozen(brokers[0]):
+            for _ in range(count):
+                await client.publish({"class": "bulk"}, payload, ack=False)
+            (lagging,) = [link for link in client._links.values() if link.index == 0]
+            assert lagging.transport is not None
+            waiting = lagging.out_bytes + lagging.transport.get_write_buffer_size()
+            assert waiting < LAGGING_LINK_BYTES + 2 * len(payload)
+            assert lagging.skipped > 0
+        await until(lambda: took()[1:] == [count, count])
+        await until(lambda: took()[0] == count - lagging.skipped)
+        await client.publish({"class": "bulk"}, b"after", ack=False)
+        await until(lambda: took() == [count - lagging.skipped + 1, count + 1, count + 1])
 
 
 async def test_a_replica_still_joining_gets_the_publications_made_meanwhile(
