@@ -284,25 +284,28 @@ async def test_a_replica_that_stopped_reading_misses_publications_instead_of_fil
     ``LAGGING_LINK_BYTES``; that replica misses the rest and gets new ones once it reads."""
     brokers = [run_broker(f"r{i}", vn="v", replica=i, vn_size=3, admin_port=0) for i in range(3)]
     payload = b"x" * 200_000
-    count = 3 * LAGGING_LINK_BYTES // len(payload)
+    count = 5 * LAGGING_LINK_BYTES // len(payload)  # past what r0's socket buffers take too
 
     def took() -> list[int]:
         return [fetch_json(b.admin_url + "/healthz")["publications_in"] for b in brokers]
 
     async with Client([b.endpoint for b in brokers]) as client:
         await client.advertise("class = 'bulk'")
+        await until(lambda: len(client._links) == 3)  # connect() returns at a majority
+        links = sorted(client._links.values(), key=lambda link: link.index)
         with frozen(brokers[0]):
             for _ in range(count):
                 await client.publish({"class": "bulk"}, payload, ack=False)
-            (lagging,) = [link for link in client._links.values() if link.index == 0]
-            assert lagging.transport is not None
-            waiting = lagging.out_bytes + lagging.transport.get_write_buffer_size()
-            assert waiting < LAGGING_LINK_BYTES + 2 * len(payload)
-            assert lagging.skipped > 0
-        await until(lambda: took()[1:] == [count, count])
-        await until(lambda: took()[0] == count - lagging.skipped)
+            for link in links:
+                # (a loaded machine may leave r1 or r2 behind for a while too: whichever
+                # lags past the bound while a majority has room misses publications)
+                assert link.transport is not None
+                waiting = link.out_bytes + link.transport.get_write_buffer_size()
+                assert waiting < LAGGING_LINK_BYTES + 2 * len(payload), link.index
+            assert links[0].skipped > 0
+        await until(lambda: took() == [count - link.skipped for link in links], timeout=30)
         await client.publish({"class": "bulk"}, b"after", ack=False)
-        await until(lambda: took() == [count - lagging.skipped + 1, count + 1, count + 1])
+        await until(lambda: took() == [count - link.skipped + 1 for link in links])
 
 
 async def test_a_replica_still_joining_gets_the_publications_made_meanwhile(
