@@ -28,10 +28,11 @@ import secrets
 import socket
 import ssl
 import uuid
-from collections import Counter, OrderedDict, defaultdict, deque
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, cast
@@ -77,6 +78,7 @@ from broker.wire.protocol import (
     encode,
     validate_attrs,
 )
+from broker.wire.resend import RecentFrames
 from overlay.manifest import Manifest
 from security.agreement import Blame, MarkRequests, ReplicatedStream, forget_idle_streams
 from security.envelope import Signer
@@ -388,29 +390,6 @@ class _Link(asyncio.Protocol):
             self.transport.write(b"".join(self.out))
         self.out.clear()
         self.out_bytes = 0
-
-
-class _RecentPublications:
-    """The newest publication frames sent to one endpoint, within a byte budget."""
-
-    __slots__ = ("frames", "size")
-
-    def __init__(self) -> None:
-        self.frames: deque[bytes] = deque()
-        self.size = 0
-
-    def keep(self, frame: bytes) -> None:
-        frames = self.frames
-        frames.append(frame)
-        self.size += len(frame)
-        while self.size > RECENT_PUBLICATION_BYTES:
-            self.size -= len(frames.popleft())
-
-    def take(self) -> list[bytes]:
-        frames = list(self.frames)
-        self.frames.clear()
-        self.size = 0
-        return frames
 
 
 class Subscription:
@@ -745,8 +724,8 @@ class Client:
         self._unsent_withdrawals: Counter[tuple[type, str]] = Counter()
         # Per endpoint: publications sent without acknowledgement, sent again when a
         # session there resumes (see RECENT_PUBLICATION_BYTES).
-        self._recent_publications: defaultdict[int, _RecentPublications] = defaultdict(
-            _RecentPublications
+        self._recent_publications: defaultdict[int, RecentFrames] = defaultdict(
+            partial(RecentFrames, RECENT_PUBLICATION_BYTES)
         )
         self._connected = asyncio.Event()
         # Set when a link drains, comes up or goes: what a publisher held back waits for.

@@ -58,10 +58,8 @@ from broker.daemon.reconfig_agent import MARK, MARK_ASK, Tables
 from broker.daemon.reconfig_faults import reconfig_agent
 from broker.daemon.sessions import (
     RECENT_FRAME_BYTES,
-    RecentDeliveries,
     Sessions,
     recent_deliveries,
-    take,
 )
 from broker.daemon.stats import BrokerStats
 from broker.daemon.tls import BrokerTLS
@@ -101,6 +99,7 @@ from broker.wire.protocol import (
     encode_filter,
     error_for,
 )
+from broker.wire.resend import RecentFrames
 from reconfig.live import Reply, RoundStats, vouch_quorum
 from security.agreement import MarkRequests
 from security.errors import InvalidRequest, NotAuthorized, ProtocolError, TrellisError
@@ -199,7 +198,7 @@ class Connection(asyncio.Protocol):
         self.successor: Connection | None = None
         self.parked = False
         self.lingers = False
-        self.recent: RecentDeliveries | None = None
+        self.recent: RecentFrames | None = None
         loop = asyncio.get_running_loop()
         self.closed: asyncio.Future[None] = loop.create_future()
         self.handshake: asyncio.Future[None] = loop.create_future()
@@ -423,10 +422,15 @@ class Connection(asyncio.Protocol):
     def deliver_raw(self, data: bytes) -> None:
         """An encoded DELIVER frame, kept among the recent deliveries (sent again if the
         session resumes after a loss: it may not have arrived). The hottest send of all:
-        :meth:`send_raw` is inlined."""
+        :meth:`send_raw` is inlined, and so is :meth:`RecentFrames.keep` but for its trim."""
         recent = self.recent
-        if recent is not None and len(data) <= RECENT_FRAME_BYTES:
-            recent.append(data)
+        if recent is not None:
+            size = len(data)
+            if size <= RECENT_FRAME_BYTES:
+                recent.frames.append(data)
+                recent.size += size
+                if recent.size > recent.budget:
+                    recent.trim()
         if self.successor is not None or self.parked:
             self.send_raw(data)
             return
@@ -1382,7 +1386,7 @@ class Broker:
         if not sessions.can_park(hop) or hop.parked:
             return False
         recent = hop.recent
-        inflight = take(recent) if recent is not None else []
+        inflight = recent.take() if recent is not None else []
         # What was queued and not written is among the recent deliveries and shares (its
         # SHARES frames numbered certificates the way the lost connection did).
         conn.out = []

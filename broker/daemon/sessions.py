@@ -10,7 +10,7 @@ So a client session whose connection was *lost* (reset, or closed here for heart
 silence; not a clean close, which ends with an EOF) is parked for ``session_linger``
 seconds: its subscriptions and advertisements stay in the routing tables, with the
 connection that holds them (its *session hop*) as their hop; the deliveries and key shares it
-was sent just before (the newest :data:`RECENT_FRAMES` deliveries and
+was sent just before (the newest :data:`RECENT_DELIVERY_BYTES` of deliveries and
 ``broker.daemon.shares.RECENT_SHARES`` share records: they may have died in flight, in the
 socket buffers) open its buffer, and what is sent to it meanwhile joins them, up to
 ``session_buffer`` bytes. When the same client (id and HELLO ``session`` token) connects again
@@ -28,20 +28,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from broker.wire.resend import RecentFrames
+
 log = logging.getLogger("trellis.broker")
 
-RECENT_FRAMES = 128
-"""Deliveries a client connection keeps for a resume (the newest)."""
+RECENT_DELIVERY_BYTES = 1024 * 1024
+"""Bytes of the newest deliveries a client connection keeps for a resume: about what the
+socket buffers of a busy connection hold, so for small deliveries thousands (until
+2026-11-28 it kept 128 frames, so a reset lost whatever else was in flight)."""
 
 RECENT_FRAME_BYTES = 8192
-"""Largest delivery frame kept among the recent ones: at most 1 MiB per client connection.
-The bound is kept by the deque itself and a length test, not by counting bytes: the check
-runs on every delivery."""
+"""Largest delivery frame kept among the recent ones (one large delivery would otherwise
+push out hundreds of small ones)."""
 
 MAX_PARKED = 1024
 """Sessions parked at once at most (a flood of reset connections parks no more; past it a
@@ -58,20 +60,10 @@ class SessionHop(Protocol):
 H = TypeVar("H", bound=SessionHop)
 
 
-RecentDeliveries = deque[bytes]
-"""The last DELIVER frames (of at most :data:`RECENT_FRAME_BYTES`) sent on a client
-connection: ``Connection.deliver_raw`` appends, the oldest falls out."""
-
-
-def recent_deliveries() -> RecentDeliveries:
-    return deque(maxlen=RECENT_FRAMES)
-
-
-def take(recent: RecentDeliveries) -> list[bytes]:
-    """The frames kept, oldest first; empties."""
-    frames = list(recent)
-    recent.clear()
-    return frames
+def recent_deliveries() -> RecentFrames:
+    """The last DELIVER frames (of at most :data:`RECENT_FRAME_BYTES`) sent on a client
+    connection: ``Connection.deliver_raw`` keeps them, the oldest fall out."""
+    return RecentFrames(RECENT_DELIVERY_BYTES)
 
 
 @dataclass

@@ -300,3 +300,38 @@ async def test_a_client_that_closes_parks_no_session_at_any_replica(
         text = await asyncio.to_thread(overlay.metrics, replica)
         assert metric(text, "trellis_sessions_parked_total") == 0, replica
         assert metric(text, "trellis_sessions_ended_total") == 0, replica
+
+
+async def test_a_subscriber_reset_with_thousands_of_small_deliveries_in_flight_loses_none(
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    """The broker keeps the newest megabyte of deliveries for a resume, not a number of
+    frames: 128 frames were a fraction of what the socket buffers hold of small deliveries,
+    and a reset lost the rest (here the subscriber reads nothing until its connection is
+    reset with every delivery written to it)."""
+    names = broker_names(2)
+    overlay = run_overlay(line_tree(names))
+    count = 1500
+    payloads = {i + 1: f"in flight #{i}".encode() for i in range(count)}
+    pub = Client(overlay.endpoints("b0"), client_id="inflight-pub")
+    sub_client = Client(overlay.endpoints("b1"), client_id="inflight-sub")
+    async with pub, sub_client, sub_client.subscribe(FLT) as sub:
+        await pub.advertise(FLT)
+        await asyncio.to_thread(overlay.wait_quiet)
+        (link,) = sub_client._links.values()
+        assert link.transport is not None
+        link.transport.pause_reading()
+        for i in range(count):
+            await pub.publish({"class": "resume", "i": i}, payloads[i + 1], ack=False)
+        await pub.flush()
+
+        def delivered() -> float:
+            return metric(overlay.metrics("b1"), "trellis_deliveries_total")
+
+        deadline = time.monotonic() + 30
+        while delivered() < count:
+            assert time.monotonic() < deadline, delivered()
+            await asyncio.sleep(0.05)
+        reset(link.transport)
+        got = await read(sub, count, idle=5)
+    assert_exact(list(payloads), got, payloads)

@@ -6,7 +6,12 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from broker.daemon.sessions import MAX_PARKED, RECENT_FRAMES, Sessions, recent_deliveries, take
+from broker.daemon.sessions import (
+    MAX_PARKED,
+    RECENT_DELIVERY_BYTES,
+    Sessions,
+    recent_deliveries,
+)
 
 
 @dataclass(eq=False)
@@ -20,12 +25,14 @@ def sessions(linger: float = 10.0, limit: int = 1000) -> tuple[Sessions[FakeHop]
     return Sessions(linger, limit, ended.append), ended
 
 
-def test_recent_deliveries_keep_the_newest() -> None:
+def test_recent_deliveries_keep_the_newest_megabyte_however_many_frames() -> None:
     recent = recent_deliveries()
-    for i in range(RECENT_FRAMES + 10):
-        recent.append(b"%d" % i)
-    assert take(recent) == [b"%d" % i for i in range(10, RECENT_FRAMES + 10)]
-    assert take(recent) == []
+    frames = [b"%09d" % i for i in range(RECENT_DELIVERY_BYTES // 9 + 500)]  # 9 bytes each
+    for frame in frames:
+        recent.keep(frame)
+    kept = recent.take()
+    assert kept == frames[-(RECENT_DELIVERY_BYTES // 9) :]  # over 100,000 small deliveries
+    assert recent.take() == []
 
 
 async def test_a_resumed_session_gets_what_was_in_flight_then_what_was_sent_parked() -> None:
