@@ -128,7 +128,20 @@ class UnknownState(InvalidRequest):
 
 
 MAX_PUBLISHER_SESSIONS = 65_536
-"""Publishers whose last session a broker remembers (least recently published forgotten)."""
+"""Publishers whose last session a broker remembers (the one whose session it saw first is
+forgotten first)."""
+
+
+class PublisherSession:
+    """A publisher's last session here and the highest seq it published in it (updated in
+    place on every publication)."""
+
+    __slots__ = ("seq", "session")
+
+    def __init__(self, session: str, seq: int) -> None:
+        self.session = session
+        self.seq = seq
+
 
 PROBE_GRACE = 2.0
 """Seconds a client's connection has to answer the PING sent when another session presents
@@ -756,9 +769,9 @@ class Broker:
         self.router: Router[Hop] = Router(self.vn, covering=config.covering)
         self.connections: set[Connection] = set()
         self.clients: dict[str, Connection] = {}
-        # Publisher id -> (session, highest seq published in it), least recently used first:
-        # a new session of a known publisher must number past the old one's.
-        self.publisher_sessions: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        # Publisher id -> its last session and highest seq there, oldest session first: a new
+        # session of a known publisher must number past the old one's.
+        self.publisher_sessions: OrderedDict[str, PublisherSession] = OrderedDict()
         self.links: dict[str, Connection] = {}
         # Set once a live membership change resized this broker's own VN: the NOTICE its
         # clients were sent, repeated in WELCOME (what a client that connects later follows).
@@ -1462,10 +1475,10 @@ class Broker:
             last, where = source.max_seq, "connection"
         else:
             known = self.publisher_sessions.get(source.peer_id or "")
-            if known is None or seq > known[1]:
+            if known is None or seq > known.seq:
                 return True
-            last, where = known[1], "session"
-            if known[0] != source.session:
+            last, where = known.seq, "session"
+            if known.session != source.session:
                 return InvalidRequest(
                     f"PUBLISH seq {seq}: publisher '{source.peer_id}' published up to seq "
                     f"{last} in an earlier session, and subscribers deduplicate by (publisher, "
@@ -1482,11 +1495,17 @@ class Broker:
         )
 
     def note_published(self, publisher: str, session: str, seq: int) -> None:
+        """Remember ``seq`` as published in ``session``. On every publication, so the entry
+        of the session already known is updated in place (the map is ordered by when each
+        session was first seen, which bounds it as well as recency did: an active publisher
+        whose entry fell out is noted again at its next publication)."""
         sessions = self.publisher_sessions
-        known = sessions.pop(publisher, None)
-        if known is not None and known[0] == session:
-            seq = max(seq, known[1])
-        sessions[publisher] = (session, seq)
+        known = sessions.get(publisher)
+        if known is not None and known.session == session:
+            known.seq = seq  # past known.seq: sequence() let it through
+            return
+        sessions.pop(publisher, None)
+        sessions[publisher] = PublisherSession(session, seq)
         if len(sessions) > MAX_PUBLISHER_SESSIONS:
             sessions.popitem(last=False)
 

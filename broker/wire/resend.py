@@ -13,7 +13,8 @@ from collections import deque
 
 
 class RecentFrames:
-    """The newest frames within ``budget`` bytes, oldest first."""
+    """The newest frames within ``budget`` bytes (at least seven eighths of it, when there
+    were that many), oldest first."""
 
     __slots__ = ("budget", "frames", "size")
 
@@ -29,10 +30,14 @@ class RecentFrames:
             self.trim()
 
     def trim(self) -> None:
-        """Drop the oldest frames until the rest fit the budget."""
-        frames = self.frames
-        while self.size > self.budget:
-            self.size -= len(frames.popleft())
+        """Drop the oldest frames until the rest fit in seven eighths of the budget: trimmed
+        to the budget exactly, a full buffer would be trimmed again at every frame kept (on
+        a broker, at every delivery)."""
+        frames, size, target = self.frames, self.size, self.budget - self.budget // 8
+        popleft = frames.popleft
+        while size > target:
+            size -= len(popleft())
+        self.size = size
 
     def take(self) -> list[bytes]:
         """The frames kept, oldest first; empties."""
