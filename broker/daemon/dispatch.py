@@ -435,15 +435,10 @@ class Connection(asyncio.Protocol):
     def deliver_raw(self, data: bytes) -> None:
         """An encoded DELIVER frame, kept among the recent deliveries (sent again if the
         session resumes after a loss: it may not have arrived). The hottest send of all:
-        :meth:`send_raw` is inlined, and so is :meth:`RecentFrames.keep` but for its trim."""
+        :meth:`send_raw` is inlined."""
         recent = self.recent
-        if recent is not None:
-            size = len(data)
-            if size <= RECENT_FRAME_BYTES:
-                recent.frames.append(data)
-                recent.size += size
-                if recent.size > recent.budget:
-                    recent.trim()
+        if recent is not None and len(data) <= RECENT_FRAME_BYTES:
+            recent.keep(data)
         if self.successor is not None or self.parked:
             self.send_raw(data)
             return

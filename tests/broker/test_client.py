@@ -42,6 +42,11 @@ def frozen(broker: BrokerProcess) -> Iterator[None]:
         os.kill(broker.pid, signal.SIGCONT)
 
 
+def publications_in(brokers: list[BrokerProcess]) -> list[int]:
+    """How many publications each broker took from its clients (its admin port's health)."""
+    return [fetch_json(b.admin_url + "/healthz")["publications_in"] for b in brokers]
+
+
 async def test_connect_timeout_really_bounds_the_first_connect() -> None:
     accepted: list[asyncio.StreamWriter] = []
 
@@ -285,10 +290,6 @@ async def test_a_replica_that_stopped_reading_misses_publications_instead_of_fil
     brokers = [run_broker(f"r{i}", vn="v", replica=i, vn_size=3, admin_port=0) for i in range(3)]
     payload = b"x" * 200_000
     count = 5 * LAGGING_LINK_BYTES // len(payload)  # past what r0's socket buffers take too
-
-    def took() -> list[int]:
-        return [fetch_json(b.admin_url + "/healthz")["publications_in"] for b in brokers]
-
     async with Client([b.endpoint for b in brokers]) as client:
         await client.advertise("class = 'bulk'")
         await until(lambda: len(client._links) == 3)  # connect() returns at a majority
@@ -303,9 +304,14 @@ async def test_a_replica_that_stopped_reading_misses_publications_instead_of_fil
                 waiting = link.out_bytes + link.transport.get_write_buffer_size()
                 assert waiting < LAGGING_LINK_BYTES + 2 * len(payload), link.index
             assert links[0].skipped > 0
-        await until(lambda: took() == [count - link.skipped for link in links], timeout=30)
+        await until(
+            lambda: publications_in(brokers) == [count - link.skipped for link in links],
+            timeout=30,
+        )
         await client.publish({"class": "bulk"}, b"after", ack=False)
-        await until(lambda: took() == [count - link.skipped + 1 for link in links])
+        await until(
+            lambda: publications_in(brokers) == [count - link.skipped + 1 for link in links]
+        )
 
 
 async def test_a_replica_still_joining_gets_the_publications_made_meanwhile(
@@ -327,13 +333,9 @@ async def test_a_replica_still_joining_gets_the_publications_made_meanwhile(
             for i in range(5):
                 await client.publish({"class": "early", "i": i}, ack=False)
             await client.flush()  # r0 and r1 answer; r2 reads its own pace
-
-            def took() -> list[int]:
-                return [fetch_json(b.admin_url + "/healthz")["publications_in"] for b in brokers]
-
             with contextlib.suppress(TimeoutError):
-                await until(lambda: took() == [5, 5, 5])
-            assert took() == [5, 5, 5]
+                await until(lambda: publications_in(brokers) == [5, 5, 5])
+            assert publications_in(brokers) == [5, 5, 5]
             late.open()
     finally:
         await late.close()
