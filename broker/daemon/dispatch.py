@@ -57,8 +57,8 @@ from broker.daemon.links import LinkStates, load_saved_links, save_links
 from broker.daemon.reconfig_agent import MARK, MARK_ASK, Tables
 from broker.daemon.reconfig_faults import reconfig_agent
 from broker.daemon.sessions import (
-    RECENT_FRAME_BYTES,
     Sessions,
+    keep_deliveries,
     recent_deliveries,
 )
 from broker.daemon.stats import BrokerStats
@@ -163,6 +163,9 @@ class Connection(asyncio.Protocol):
         self.control = False
         self.peer = "?"
         self.out: list[bytes] = []
+        # Frames in ``out`` that are not deliveries, on a connection that keeps its recent
+        # deliveries (see flush).
+        self.unkept: list[bytes] = []
         self.congested = False
         self.dropped: dict[str, int] = {}
         self.closing = False
@@ -431,31 +434,50 @@ class Connection(asyncio.Protocol):
         if not self.out:
             self.broker.dirty.append(self)
         self.out.append(data)
+        if self.recent is not None:
+            self.unkept.append(data)
 
     def deliver_raw(self, data: bytes) -> None:
         """An encoded DELIVER frame, kept among the recent deliveries (sent again if the
-        session resumes after a loss: it may not have arrived). The hottest send of all:
-        :meth:`send_raw` is inlined."""
-        recent = self.recent
-        if recent is not None and len(data) <= RECENT_FRAME_BYTES:
-            recent.keep(data)
-        if self.successor is not None or self.parked:
-            self.send_raw(data)
+        session resumes after a loss: it may not have arrived) when :meth:`flush` writes
+        it. The hottest send of all: :meth:`send_raw` is inlined."""
+        if self.successor is not None:
+            self.successor.deliver_raw(data)
             return
-        if not self.out:
+        if self.parked:
+            if self.recent is not None:
+                keep_deliveries(self.recent, [data], [])
+            self.broker.sessions.buffer(self, data)
+            return
+        out = self.out
+        if not out:
             self.broker.dirty.append(self)
-        self.out.append(data)
+        out.append(data)
+
+    def take_out(self) -> list[bytes]:
+        """The frames queued to write (``out`` starts afresh), the deliveries among them
+        kept among the recent ones: once per write, not per delivery (broker.wire.resend)."""
+        out = self.out
+        self.out = []
+        if self.recent is not None:
+            if out:
+                keep_deliveries(self.recent, out, self.unkept)
+            self.unkept = []
+        return out
 
     def flush(self) -> None:
-        if self.out and self.transport is not None and not self.transport.is_closing():
+        if not self.out:
+            return
+        out = self.take_out()
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
             try:
-                self.transport.write(b"".join(self.out) if len(self.out) > 1 else self.out[0])
+                transport.write(b"".join(out) if len(out) > 1 else out[0])
             except RuntimeError:
                 # uvloop closed the handle under a transport not yet marked closing (the
                 # peer reset it); connection_lost follows. Raising here would end whatever
                 # task was flushing (the heartbeat's close: the whole broker).
                 log.debug("%r: write after the connection was lost", self)
-        self.out.clear()
 
     def fail(self, exc: Exception, rid: int = 0) -> None:
         """Report ``exc`` in an ERROR frame and close this connection only."""
@@ -1393,11 +1415,12 @@ class Broker:
         sessions = self.sessions
         if not sessions.can_park(hop) or hop.parked:
             return False
+        # What was queued and not written joins the recent deliveries (and is among the
+        # recent shares, its SHARES frames numbered certificates the way the lost
+        # connection did).
+        conn.take_out()
         recent = hop.recent
         inflight = recent.take() if recent is not None else []
-        # What was queued and not written is among the recent deliveries and shares (its
-        # SHARES frames numbered certificates the way the lost connection did).
-        conn.out = []
         hop.successor = None
         hop.parked = True
         hop.closing = False

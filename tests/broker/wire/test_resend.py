@@ -8,6 +8,22 @@ from hypothesis import strategies as st
 from broker.wire.resend import RecentFrames
 
 
+def longest_suffix_within(frames: list[bytes], limit: int) -> int:
+    """How many of the newest ``frames`` fit in ``limit`` bytes."""
+    fit = 0
+    while fit < len(frames) and sum(map(len, frames[len(frames) - fit - 1 :])) <= limit:
+        fit += 1
+    return fit
+
+
+def assert_newest_within(kept: list[bytes], frames: list[bytes], budget: int) -> None:
+    """``kept`` are the newest ``frames``, in order: all that fit the budget, or at least
+    those that fit in seven eighths of it (a trim leaves room for the next ones)."""
+    assert kept == frames[len(frames) - len(kept) :]
+    assert sum(map(len, kept)) <= budget
+    assert len(kept) >= longest_suffix_within(frames, budget - budget // 8)
+
+
 @given(st.integers(0, 300), st.lists(st.binary(max_size=120), max_size=60))
 def test_the_newest_frames_that_fit_the_budget_are_kept_oldest_first(
     budget: int, frames: list[bytes]
@@ -16,18 +32,23 @@ def test_the_newest_frames_that_fit_the_budget_are_kept_oldest_first(
     for frame in frames:
         recent.keep(frame)
         assert recent.size <= budget
-
-    def longest_suffix_within(limit: int) -> int:
-        fit = 0
-        while fit < len(frames) and sum(map(len, frames[len(frames) - fit - 1 :])) <= limit:
-            fit += 1
-        return fit
-
-    kept = recent.take()
-    # the newest frames, in order: all that fit the budget, or at least those that fit in
-    # seven eighths of it (a trim leaves room for the next ones)
-    assert kept == frames[len(frames) - len(kept) :]
-    assert sum(map(len, kept)) <= budget
-    assert len(kept) >= longest_suffix_within(budget - budget // 8)
+    assert_newest_within(recent.take(), frames, budget)
     assert recent.take() == []
+    assert recent.size == 0
+
+
+@given(
+    st.integers(0, 600),
+    st.lists(st.lists(st.binary(max_size=120), max_size=12), max_size=30),
+)
+def test_frames_kept_a_write_at_a_time_are_the_newest_that_fit_the_budget(
+    budget: int, writes: list[list[bytes]]
+) -> None:
+    recent = RecentFrames(budget)
+    frames: list[bytes] = []
+    for write in writes:
+        recent.keep_all(list(write))
+        frames += write
+        assert recent.size <= budget
+    assert_newest_within(recent.take(), frames, budget)
     assert recent.size == 0
