@@ -246,6 +246,9 @@ class _Link(asyncio.Protocol):
         self.fatal: TrellisError | None = None
         self.out: list[bytes] = []
         self.out_bytes = 0
+        # Frames in ``out`` that are not publications to keep for a resumed session (see
+        # flush: the others are kept once per write, not per publication).
+        self.unkept: list[bytes] = []
         # publications this link skipped while its broker lagged (LAGGING_LINK_BYTES)
         self.skipped = 0
         self.lagging = False
@@ -273,6 +276,7 @@ class _Link(asyncio.Protocol):
                 self.client._recover_arrived()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.flush()  # keeps what was queued and not written, for a resumed session
         self.can_write.set()
         self.client._links_changed.set()
         if not self.welcome.done():
@@ -327,20 +331,22 @@ class _Link(asyncio.Protocol):
         kept: that replica misses it (a resumed session sends what is kept after what the
         broker read, so its seqs still increase there)."""
         transport = self.transport
-        if keep:
-            if (
-                transport is not None
-                and not self.can_write.is_set()
-                and self.out_bytes + transport.get_write_buffer_size() >= LAGGING_LINK_BYTES
-            ):
-                self.skip()
-                return
-            self.client._recent_publications[self.index].keep(data)
+        if keep and (
+            transport is not None
+            and not self.can_write.is_set()
+            and self.out_bytes + transport.get_write_buffer_size() >= LAGGING_LINK_BYTES
+        ):
+            self.skip()
+            return
         if transport is None or transport.is_closing():
+            if keep:
+                self.client._recent_publications[self.index].keep(data)
             raise ConnectionLost("not connected to a broker")
         if not self.out:
             asyncio.get_running_loop().call_soon(self.flush)
         self.out.append(data)
+        if not keep:
+            self.unkept.append(data)
         self.out_bytes += len(data)
         if self.out_bytes > _CORK_LIMIT:
             # A producer that never yields must still meet the transport's flow control.
@@ -386,10 +392,22 @@ class _Link(asyncio.Protocol):
             transport.close()
 
     def flush(self) -> None:
-        if self.out and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(b"".join(self.out))
-        self.out.clear()
-        self.out_bytes = 0
+        """Write what is queued; the publications among it are kept for a resumed session
+        whether or not the connection can still write (then they did not arrive)."""
+        out = self.out
+        if not out:
+            return
+        self.out, self.out_bytes = [], 0
+        kept = out
+        if self.unkept:
+            skip = set(map(id, self.unkept))
+            self.unkept = []
+            kept = [frame for frame in out if id(frame) not in skip]
+        if kept:
+            self.client._recent_publications[self.index].keep_all(kept)
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(b"".join(out))
 
 
 class Subscription:
@@ -1016,7 +1034,8 @@ class Client:
         if confidential:
             await self._publish_confidential(seq, attrs, payload, ack)
             return seq
-        self._sign_pending()  # confidential ones queued before this go first
+        if self._unsigned:
+            self._sign_pending()  # confidential ones queued before this go first
         if ack:
             await self._request(lambda rid: Publish(rid, seq, attrs, payload))
             return seq
@@ -1026,8 +1045,12 @@ class Client:
         if len(links) == 1 and not self._joining and self._status is Status.CONNECTED:
             (link,) = links.values()
             if link.can_write.is_set():
-                with contextlib.suppress(ConnectionLost):
+                # (not contextlib.suppress: a context manager per publication is a tenth
+                # of this path's CPU)
+                try:  # noqa: SIM105
                     link.send(Publish(0, seq, attrs, payload))
+                except ConnectionLost:
+                    pass
                 return seq
         msg = Publish(0, seq, attrs, payload)
         for link in await self._writable_links():

@@ -106,6 +106,7 @@ class MsgType(IntEnum):
 
 
 _DELIVER = int(MsgType.DELIVER)
+_PUBLISH = int(MsgType.PUBLISH)
 _FORWARD = int(MsgType.FORWARD)
 
 
@@ -311,7 +312,7 @@ def to_wire(msg: Message) -> list[Any]:
     """The msgpack-ready array for ``msg``."""
     match msg:
         case Publish(rid, seq, attrs, payload, sec):
-            return [MsgType.PUBLISH, rid, seq, attrs, payload, _sec_wire(sec)]
+            return [_PUBLISH, rid, seq, attrs, payload, None if sec is None else sec.to_wire()]
         case Deliver(sub_ids, publisher, seq, attrs, payload, sec):
             return [MsgType.DELIVER, sub_ids, publisher, seq, attrs, payload, _sec_wire(sec)]
         case Ack(rid):
