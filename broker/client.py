@@ -430,8 +430,11 @@ class Subscription:
         self._reported_dropped = 0
         self.active = False
         self._delivered: dict[str, int] = {}
-        # publisher -> agreed copies waiting for their key, in order
-        self._confirmed: dict[str, dict[int, Delivery]] = {}
+        # publisher -> agreed copies waiting for their key (and since when), in order
+        self._confirmed: dict[str, dict[int, tuple[Delivery, float]]] = {}
+        # confidential publications given up because their key never arrived (key_patience)
+        self.keys_missing = 0
+        self._key_timer: asyncio.TimerHandle | None = None
         # publisher -> the agreement on the copies the replicas delivered
         self._streams: dict[str, ReplicatedStream[int, Delivery]] = {}
         self._expiry: asyncio.TimerHandle | None = None
@@ -502,8 +505,9 @@ class Subscription:
         if not released:
             return
         confirmed = self._confirmed.setdefault(publisher, {})
+        now = asyncio.get_running_loop().time()
         for seq, delivery in released:
-            confirmed[seq] = delivery
+            confirmed[seq] = (delivery, now)
         self._delivered[publisher] = released[-1][0]
         self._flush(publisher)
 
@@ -528,22 +532,49 @@ class Subscription:
             )
 
     def _flush(self, publisher: str) -> None:
-        """Deliver confirmed publications in order; a confidential one waits for its key."""
+        """Deliver confirmed publications in order; a confidential one waits for its key,
+        for ``key_patience`` seconds at most: then it is given up (``keys_missing``), so a
+        key whose shares were lost on the way (a slow consumer's shares are dropped with
+        its deliveries, say) holds back the publisher's later publications no longer."""
         confirmed = self._confirmed.get(publisher)
         if not confirmed:
             return
         for seq in sorted(confirmed):
-            delivery = confirmed[seq]
+            delivery, agreed = confirmed[seq]
             if delivery.sec is not None:
                 plaintext = self.client._decrypt(delivery)
                 if plaintext is None:
-                    return
+                    waited = asyncio.get_running_loop().time() - agreed
+                    if waited < self.client.key_patience:
+                        self._wait_for_key(self.client.key_patience - waited)
+                        return
+                    del confirmed[seq]
+                    self.keys_missing += 1
+                    log.warning(
+                        "subscription %s: confidential publication %s/%d given up: its key "
+                        "did not arrive within %g s",
+                        self.id,
+                        publisher,
+                        seq,
+                        self.client.key_patience,
+                    )
+                    continue
                 delivery = Delivery(
                     delivery.attrs, plaintext, publisher, seq, delivery.sub_id, delivery.sec
                 )
             del confirmed[seq]
             self._deliver(delivery)
         del self._confirmed[publisher]
+
+    def _wait_for_key(self, delay: float) -> None:
+        if self._key_timer is None and self.active:
+            self._key_timer = asyncio.get_running_loop().call_later(delay, self._keys_due)
+
+    def _keys_due(self) -> None:
+        """Look again at the publishers whose next publication waits for its key."""
+        self._key_timer = None
+        for publisher in list(self._confirmed):
+            self._flush(publisher)
 
     def _deliver(self, delivery: Delivery) -> None:
         if self._queue.qsize() >= self._limit:
@@ -555,6 +586,9 @@ class Subscription:
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
+        if self._key_timer is not None:
+            self._key_timer.cancel()
+            self._key_timer = None
         if self.active:
             self.active = False
             self._queue.put_nowait(None)
@@ -650,6 +684,10 @@ class Client:
         copy_patience: seconds a publication fewer than ``f + 1`` replicas delivered may
             hold back later ones that ``f + 1`` replicas agreed on (while a new subscription
             reaches every replica) before it is given up.
+        key_patience: seconds an agreed confidential publication waits for its key (the
+            key shares travel apart from it) before it is given up and counted in the
+            subscription's ``keys_missing``: a lost key holds back the publisher's later
+            publications no longer than this.
         max_publishers: each subscription keeps the agreement state of at most this many
             publishers (about 1.6 KiB each); past it, that of the publishers idle longest is
             forgotten (only the last sequence delivered from each stays, so nothing is
@@ -682,6 +720,7 @@ class Client:
         key_refresh: int = 1,
         key_refresh_seconds: float | None = None,
         copy_patience: float = 1.0,
+        key_patience: float = 10.0,
         max_publishers: int = 4096,
         ca: str | Path | None = None,
         cert: str | Path | None = None,
@@ -786,6 +825,7 @@ class Client:
         # it keeps them for its session to resume with).
         self._unsigned_links: dict[int, _Link] = {}
         self.copy_patience = copy_patience
+        self.key_patience = key_patience
         if max_publishers < 1:
             raise InvalidRequest(f"max_publishers must be at least 1, got {max_publishers}")
         self.max_publishers = max_publishers

@@ -19,6 +19,7 @@ from broker.daemon.shares import SILENCE_DEADLINE
 from broker.errors import TrellisTimeout
 from broker.tools.local import LocalOverlay, metric_by_label
 from overlay.tree import broker_names, line_tree
+from security.paths import KeyAssembly
 from security.propagation import coalition_key, unpack_record
 
 pytestmark = pytest.mark.slow
@@ -293,3 +294,33 @@ async def test_a_silent_upstream_replica_is_blamed_once_its_deadline_passed(run_
         await asyncio.sleep(0.3)
     assert len(silent_lines) == 3
     assert all("silent" in v["why"] and v.get("from") is None for v in silent_lines)
+
+
+async def test_a_publication_whose_key_never_arrives_holds_back_the_later_ones_only_briefly(
+    run_vns,
+) -> None:
+    overlay = run_vns([3, 3])
+    async with (
+        Client(overlay.endpoints("b0"), client_id="pub") as pub,
+        Client(
+            overlay.endpoints("b1"), client_id="sub", manifest=overlay.manifest, key_patience=1.0
+        ) as sc,
+        sc.subscribe("class = 'secret'") as sub,
+    ):
+        # The key shares of seq 2 are lost on the way (as a slow consumer's are, dropped
+        # with its deliveries): every one that arrives lands in an assembly nobody reads.
+        assemblies = sc._assembly
+        sc._assembly = lambda publisher, seq: (  # type: ignore[method-assign]
+            KeyAssembly(publisher, seq) if seq == 2 else assemblies(publisher, seq)
+        )
+        await pub.advertise("class = 'secret'")
+        await asyncio.to_thread(overlay.wait_quiet)
+        for i in range(4):  # seqs 1 to 4: 1, 2 and 4 confidential, 3 plain
+            await pub.publish(
+                {"class": "secret", "i": i}, f"payload {i}".encode(), confidential=i != 2
+            )
+        got = [(m.seq, m.payload) for m in [await sub.get(10) for _ in range(3)]]
+        with pytest.raises(TrellisTimeout):
+            await sub.get(0.5)
+    assert got == [(1, b"payload 0"), (3, b"payload 2"), (4, b"payload 3")]
+    assert sub.keys_missing == 1
