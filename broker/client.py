@@ -398,13 +398,8 @@ class _Link(asyncio.Protocol):
         if not out:
             return
         self.out, self.out_bytes = [], 0
-        kept = out
-        if self.unkept:
-            skip = set(map(id, self.unkept))
-            self.unkept = []
-            kept = [frame for frame in out if id(frame) not in skip]
-        if kept:
-            self.client._recent_publications[self.index].keep_all(kept)
+        self.client._recent_publications[self.index].keep_written(out, self.unkept)
+        self.unkept = []
         transport = self.transport
         if transport is not None and not transport.is_closing():
             transport.write(b"".join(out))
@@ -1085,8 +1080,8 @@ class Client:
         if len(links) == 1 and not self._joining and self._status is Status.CONNECTED:
             (link,) = links.values()
             if link.can_write.is_set():
-                # (not contextlib.suppress: a context manager per publication is a tenth
-                # of this path's CPU)
+                # (not contextlib.suppress: its context manager per publication was 2 % of
+                # the publisher's CPU)
                 try:  # noqa: SIM105
                     link.send(Publish(0, seq, attrs, payload))
                 except ConnectionLost:

@@ -57,8 +57,8 @@ from broker.daemon.links import LinkStates, load_saved_links, save_links
 from broker.daemon.reconfig_agent import MARK, MARK_ASK, Tables
 from broker.daemon.reconfig_faults import reconfig_agent
 from broker.daemon.sessions import (
+    RECENT_FRAME_BYTES,
     Sessions,
-    keep_deliveries,
     recent_deliveries,
 )
 from broker.daemon.stats import BrokerStats
@@ -447,7 +447,7 @@ class Connection(asyncio.Protocol):
             return
         if self.parked:
             if self.recent is not None:
-                keep_deliveries(self.recent, [data], [])
+                self.recent.keep_written([data], [], RECENT_FRAME_BYTES)
             self.broker.sessions.buffer(self, data)
             return
         out = self.out
@@ -462,7 +462,7 @@ class Connection(asyncio.Protocol):
         self.out = []
         if self.recent is not None:
             if out:
-                keep_deliveries(self.recent, out, self.unkept)
+                self.recent.keep_written(out, self.unkept, RECENT_FRAME_BYTES)
             self.unkept = []
         return out
 

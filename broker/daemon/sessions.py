@@ -62,21 +62,8 @@ H = TypeVar("H", bound=SessionHop)
 
 def recent_deliveries() -> RecentFrames:
     """The last DELIVER frames (of at most :data:`RECENT_FRAME_BYTES`) sent on a client
-    connection: :func:`keep_deliveries` keeps them, the oldest fall out."""
+    connection: ``Connection.take_out`` keeps them once per write, the oldest fall out."""
     return RecentFrames(RECENT_DELIVERY_BYTES)
-
-
-def keep_deliveries(recent: RecentFrames, frames: list[bytes], others: list[bytes]) -> None:
-    """Keep the deliveries among ``frames``, the frames of one write (``others`` are those
-    among them that are not deliveries), in ``recent``; ``frames`` is held, not copied.
-    In the usual write, all deliveries and none large, no frame is looked at in Python."""
-    if others:
-        skip = set(map(id, others))
-        frames = [frame for frame in frames if id(frame) not in skip]
-    if frames and max(map(len, frames)) > RECENT_FRAME_BYTES:
-        frames = [frame for frame in frames if len(frame) <= RECENT_FRAME_BYTES]
-    if frames:
-        recent.keep_all(frames)
 
 
 @dataclass

@@ -34,6 +34,20 @@ class RecentFrames:
     def keep(self, frame: bytes) -> None:
         self.keep_all([frame], len(frame))
 
+    def keep_written(
+        self, frames: list[bytes], others: list[bytes], largest: int | None = None
+    ) -> None:
+        """Keep the frames of one write but ``others`` (frames among them not to keep) and
+        those over ``largest`` bytes; ``frames`` may be held, not copied. In the usual
+        write (nothing to leave out) no frame is looked at in Python."""
+        if others:
+            skip = set(map(id, others))
+            frames = [frame for frame in frames if id(frame) not in skip]
+        if largest is not None and frames and max(map(len, frames)) > largest:
+            frames = [frame for frame in frames if len(frame) <= largest]
+        if frames:
+            self.keep_all(frames)
+
     def keep_all(self, frames: list[bytes], size: int = -1) -> None:
         """Keep ``frames`` (newest last), whose lengths add up to ``size`` when given. The
         list itself is held: the caller must not change it afterwards."""

@@ -9,9 +9,7 @@ from dataclasses import dataclass
 from broker.daemon.sessions import (
     MAX_PARKED,
     RECENT_DELIVERY_BYTES,
-    RECENT_FRAME_BYTES,
     Sessions,
-    keep_deliveries,
     recent_deliveries,
 )
 
@@ -111,13 +109,3 @@ async def test_no_more_than_max_parked_sessions_are_kept_at_once() -> None:
         table.park(hop, [])
     assert not table.can_park(FakeHop("one-more", "s"))
     table.close()
-
-
-def test_of_a_write_only_the_deliveries_of_at_most_8_kib_are_kept_in_order() -> None:
-    recent = recent_deliveries()
-    small = [b"d%d" % i for i in range(5)]
-    large = b"x" * (RECENT_FRAME_BYTES + 1)
-    notice, ack = b"notice", b"ack"
-    keep_deliveries(recent, [small[0], notice, small[1], large, small[2], ack], [notice, ack])
-    keep_deliveries(recent, small[3:], [])
-    assert recent.take() == small

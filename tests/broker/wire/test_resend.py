@@ -52,3 +52,12 @@ def test_frames_kept_a_write_at_a_time_are_the_newest_that_fit_the_budget(
         assert recent.size <= budget
     assert_newest_within(recent.take(), frames, budget)
     assert recent.size == 0
+
+
+def test_of_a_write_the_frames_left_out_and_those_too_large_are_not_kept() -> None:
+    recent = RecentFrames(1000)
+    small = [b"d%d" % i for i in range(5)]
+    large, notice, ack = b"x" * 101, b"notice", b"ack"
+    recent.keep_written([small[0], notice, small[1], large, small[2], ack], [notice, ack], 100)
+    recent.keep_written(small[3:], [], 100)
+    assert recent.take() == small
