@@ -164,7 +164,7 @@ class Connection(asyncio.Protocol):
         self.peer = "?"
         self.out: list[bytes] = []
         # Frames in ``out`` that are not deliveries, on a connection that keeps its recent
-        # deliveries (see flush).
+        # deliveries (see take_out).
         self.unkept: list[bytes] = []
         self.congested = False
         self.dropped: dict[str, int] = {}

@@ -312,7 +312,7 @@ def to_wire(msg: Message) -> list[Any]:
     """The msgpack-ready array for ``msg``."""
     match msg:
         case Publish(rid, seq, attrs, payload, sec):
-            return [_PUBLISH, rid, seq, attrs, payload, None if sec is None else sec.to_wire()]
+            return [_PUBLISH, rid, seq, attrs, payload, _sec_wire(sec)]
         case Deliver(sub_ids, publisher, seq, attrs, payload, sec):
             return [MsgType.DELIVER, sub_ids, publisher, seq, attrs, payload, _sec_wire(sec)]
         case Ack(rid):

@@ -6,9 +6,9 @@ buffers, and the receiver drops what it had already (by publisher and seq). The 
 bytes, not frames: what dies in flight is what the socket buffers held, so a budget in
 frames kept a hundred small deliveries where thousands can be in flight.
 
-A broker keeps a connection's deliveries once per write (:meth:`RecentFrames.keep_all`, a
-list of frames held as it is), not once per delivery: at hundreds of thousands of deliveries
-a second, a method call and a trim step per delivery were a tenth of the broker's CPU.
+Both keep them once per write (:meth:`RecentFrames.keep_written`: the write's list of frames,
+held as it is), not once per frame: at hundreds of thousands of deliveries a second, a method
+call and a trim step per delivery were a tenth of the broker's CPU.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class RecentFrames:
         self.size = 0
 
     def keep(self, frame: bytes) -> None:
-        self.keep_all([frame], len(frame))
+        self.keep_all([frame])
 
     def keep_written(
         self, frames: list[bytes], others: list[bytes], largest: int | None = None
@@ -48,11 +48,10 @@ class RecentFrames:
         if frames:
             self.keep_all(frames)
 
-    def keep_all(self, frames: list[bytes], size: int = -1) -> None:
-        """Keep ``frames`` (newest last), whose lengths add up to ``size`` when given. The
-        list itself is held: the caller must not change it afterwards."""
-        if size < 0:
-            size = sum(map(len, frames))
+    def keep_all(self, frames: list[bytes]) -> None:
+        """Keep ``frames`` (newest last). The list itself is held: the caller must not change
+        it afterwards."""
+        size = sum(map(len, frames))
         self.runs.append((size, frames))
         self.size += size
         if self.size > self.budget:
