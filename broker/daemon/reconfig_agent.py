@@ -1080,8 +1080,7 @@ class ReconfigAgent:
             log.warning("lock of master %s (round %s) expired", lease.master, lease.round)
             pending = self.member.pending
             if pending is not None and pending.round == lease.round and self._go_forward(pending):
-                self.resume(pending)
-                self._spawn(self.persist_links())
+                self._go_on(pending)
                 return
             self.abort(lease.round)
             self._release()
@@ -1342,6 +1341,13 @@ class ReconfigAgent:
         self._vouched.pop(pending.round, None)
         self._release()
 
+    def _go_on(self, pending: Pending) -> None:
+        """Resume on the new tree without the coordinator's ``resume`` (its lease ended, or
+        it said abort after this broker installed) and save the links, as ``resume`` does:
+        a broker restarted later must come back on the tree it switched to."""
+        self.resume(pending)
+        self._spawn(self.persist_links())
+
     def abort(self, round_id: str) -> None:
         """Undo a round that has not installed (an installed one can only go forward)."""
         pending = self.member.pending
@@ -1349,7 +1355,7 @@ class ReconfigAgent:
             self._release()
             return
         if pending.installed:
-            self.resume(pending)
+            self._go_on(pending)
             return
         h = self.hood
         h.record_routes(False)

@@ -27,7 +27,8 @@ never install tables only the coordinator sent (replicas of the master VN comput
 the others take what f + 1 of them vouched for), so the round applies the plan with the
 right tables. It also never sends ``install`` or ``resume`` to one member of another VN (the
 largest id of the neighbourhood); that member, drained, installs what f + 1 replicas of the
-master VN vouched for when its lease ends, instead of going back alone.
+master VN vouched for when its lease ends, instead of going back alone. The next largest
+hears ``install`` but never ``resume``: installed, it goes forward when its lease ends.
 
 A replica that goes back (``byzantine = goes-back``, :class:`GoingBackAgent`) is not a
 coordinator but a member that fails every round's install and goes back at its end, as a
@@ -121,18 +122,23 @@ class MistablingAgent(ReconfigAgent):
     mistable``), and vouches for them as a replica of the master VN."""
 
     _left_out = ""
+    _unresumed = ""
 
     def _vouch(self, pending: Pending, tables: WireTables) -> None:
         super()._vouch(pending, self.propose_tables(tables))
 
     async def _call(self, channel: ControlChannel, step: Step) -> Reply:
-        # One member of another VN never hears install or resume: left frozen and drained.
+        # One member of another VN never hears install or resume (left frozen and drained),
+        # the next one never hears resume (left frozen, installed).
         if step.op == "install":
             pending = self.member.pending
             hood = pending.hood - {self.hood.vn} if pending is not None else set()
-            members = (p for p, n in self.hood.directory.items() if n.vn_id in hood)
-            self._left_out = max(members, default="")
+            members = sorted(p for p, n in self.hood.directory.items() if n.vn_id in hood)
+            self._left_out = members[-1] if members else ""
+            self._unresumed = members[-2] if len(members) > 1 else ""
         if step.op in ("install", "resume") and channel.peer == self._left_out:
+            return OK
+        if step.op == "resume" and channel.peer == self._unresumed:
             return OK
         return await super()._call(channel, step)
 

@@ -10,9 +10,10 @@ replica), has a cheaper tree to propose every turn. b1.0 is Byzantine:
   at the freeze (the drain markers carry the plan digests), naming why; each round aborts,
   and no link or routing table changes.
 * ``mistable``: it proposes the honest plan but sends (and vouches for) wrong tables at
-  install, and never sends b2.2 ``install`` or ``resume``. The plan is applied with the
-  tables the members computed or that f + 1 replicas of b1 vouched for, b2.2 included: it
-  installs those when its lease ends instead of going back alone.
+  install, never sends b2.2 ``install`` or ``resume``, and never sends b2.1 ``resume``. The
+  plan is applied with the tables the members computed or that f + 1 replicas of b1 vouched
+  for, b2.2 included: it installs those when its lease ends instead of going back alone;
+  b2.1 goes forward when its lease ends. Each saves the links it switched to.
 
 Either way every subscriber gets every publication exactly once, in order, byte for byte,
 including those published while the rounds ran.
@@ -21,6 +22,7 @@ including those published while the rounds ran.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +33,7 @@ import pytest
 from broker.client import Client
 from broker.tools.local import LocalOverlay, fetch_json
 from overlay.tree import line_tree
+from tests.support import until
 
 pytestmark = pytest.mark.slow
 
@@ -225,3 +228,21 @@ async def test_wrong_or_withheld_tables_from_the_coordinator_are_not_what_member
             for b in replicas
         }
         assert len(neighbours) == 1, (vn, neighbours)
+    # Each member saved the neighbours it switched to, for a restart: b2.1 too, which never
+    # heard resume and went forward when its lease ended.
+    members = [b for vn in ("b0", "b1", "b2") for b in overlay.replicas_of(vn)]
+    live = {
+        b: set(fetch_json(overlay.brokers[b].admin_url + "/reconfig")["neighbours"])
+        for b in members
+    }
+
+    def saved(broker: str) -> set[str] | None:
+        path = overlay.workdir / f"{broker}.links.json"
+        if not path.exists():
+            return None
+        return {overlay.vn_of(p) for p in json.loads(path.read_text())["neighbours"]}
+
+    try:
+        await until(lambda: all(saved(b) == live[b] for b in live), timeout=10.0)
+    except TimeoutError:
+        pytest.fail(f"saved links differ from live ones: {({b: saved(b) for b in live}, live)}")
