@@ -806,9 +806,12 @@ class Broker:
         self.vnhops: dict[str, VNHop] = {}
         for n in self.neighbours.values():
             self.vnhop_for(n)
-        self.waves = RoutingWaves(self.vnhops, self.flush, config.routing_wave_timeout)
-        # VNs linked for a reconfiguration in progress, not yet part of routing.
+        # VNs linked for a reconfiguration in progress, not yet part of routing (changed in
+        # place: the routing waves hold it).
         self.standby_vns: set[str] = set()
+        self.waves = RoutingWaves(
+            self.vnhops, self.flush, config.routing_wave_timeout, self.standby_vns
+        )
         # Neighbour VNs taken from f + 1 siblings while running: their links skip the cycle
         # check, which this broker's link states (stale while it had no link) could fail.
         self.adopted_vns: set[str] = set()

@@ -31,6 +31,14 @@ the overlay has therefore been applied on the way back to it: a publication publ
 (while the links are up and the replicas honest). A neighbour that does not answer within
 ``timeout`` seconds (a link that went down, a Byzantine replica) does not hold the wave: it
 completes without it, and the delay is logged.
+
+A link a live reconfiguration opened in *standby* carries no wave: nothing is routed over it
+until the round installs it, and with it the VNs' links form a cycle, around which every
+broker passing a wave on would pass it round for ever (each pass asking every replica of
+the next VN: thousands of waves a second per broker during a round, which starved the
+rounds' own steps on a loaded machine until leases ran out and VNs split). A wave that
+arrives over a standby link (from a neighbour that installed the round first) is answered at
+once: nothing beyond this broker is routed from that link yet.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from broker.daemon.hops import Member, VNHop
@@ -67,10 +75,16 @@ class RoutingWaves:
     """The waves this broker started and is waiting on (by token)."""
 
     def __init__(
-        self, hops: Mapping[str, VNHop], flush: Callable[[], None], timeout: float
+        self,
+        hops: Mapping[str, VNHop],
+        flush: Callable[[], None],
+        timeout: float,
+        standby: Collection[str] = (),
     ) -> None:
-        # The broker's neighbouring VNs by id (its live table: reconfiguration changes it).
+        # The broker's neighbouring VNs by id, and those linked in standby for a round in
+        # progress (its live tables: reconfiguration changes them).
         self.hops = hops
+        self.standby = standby
         self.flush = flush
         self.timeout = timeout
         self._tokens = itertools.count(1)
@@ -80,10 +94,11 @@ class RoutingWaves:
     def start(self, done: Callable[[], None], *, exclude: str | None = None) -> None:
         """Ask every replica of every neighbouring VN but ``exclude`` to settle; call
         ``done`` once all answered (at once when there is nobody to ask)."""
+        standby = self.standby
         waiting = {
             member
             for vn, hop in self.hops.items()
-            if vn != exclude
+            if vn != exclude and vn not in standby
             for member in hop.members.values()
             if not member.closing
         }
@@ -102,7 +117,11 @@ class RoutingWaves:
     ) -> None:
         """A neighbour asks this broker to settle: pass the wave on, then answer it; first,
         when ``settled`` says the entries it announced are not all agreed on yet, wait
-        until they are (:meth:`recheck`) or ``timeout`` passed."""
+        until they are (:meth:`recheck`) or ``timeout`` passed. Over a standby link:
+        answered at once."""
+        if vn in self.standby:
+            upstream.send(Sync(token, True))
+            return
         if settled is not None and not settled():
             key = (id(upstream), token)
             timer = asyncio.get_running_loop().call_later(self.timeout, self._give_up, key)

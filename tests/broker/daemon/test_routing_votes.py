@@ -169,6 +169,36 @@ async def test_a_replicas_wave_is_answered_only_once_its_vn_agreed_on_what_it_an
     assert links["b0.2"].sent == [Sync(8, True), Sync(9, True)]
 
 
+async def test_no_wave_crosses_a_standby_link_and_one_arriving_over_it_is_answered_at_once() -> (
+    None
+):
+    """During a live round b1's new link to b2 is in standby, which closes a cycle of VNs
+    (b0 - b1 - b2 - b0): a wave passed on over it went round that cycle until it timed out,
+    thousands of waves a second per broker. It goes to b0 only; one that b2 (installed
+    first) sends over that link is answered at once, not passed on to b0."""
+    links = {name: Link(name) for name in ("b0.0", "b0.1", "b2.0")}
+    hops = {"b0": VNHop("b0", 2), "b2": VNHop("b2", 1)}
+    for name, link in links.items():
+        hops[name[:2]].members[name] = link
+    standby = {"b2"}
+    waves = RoutingWaves(hops, lambda: None, timeout=5.0, standby=standby)
+    finished: list[str] = []
+
+    waves.start(lambda: finished.append("client's wave"))
+    assert [links[b].sent for b in ("b0.0", "b0.1", "b2.0")] == [[Sync(1, False)]] * 2 + [[]]
+    waves.answered(links["b0.0"], 1)
+    waves.answered(links["b0.1"], 1)
+    assert finished == ["client's wave"]
+
+    waves.asked(links["b2.0"], "b2", 9)
+    assert links["b2.0"].sent == [Sync(9, True)]
+    assert links["b0.0"].sent == [Sync(1, False)]  # not passed on
+
+    standby.discard("b2")  # the round installed the link: waves cross it from now on
+    waves.start(lambda: None)
+    assert links["b2.0"].sent == [Sync(9, True), Sync(2, False)]
+
+
 def test_replicas_that_left_the_vn_cannot_make_up_a_majority_of_the_smaller_one() -> None:
     """b0 shrinks 5 -> 4 -> 3 while its publisher's advertisement stands: each replica that
     leaves withdraws it (its client left it). Counted, b0.4's and b0.3's withdrawals were
