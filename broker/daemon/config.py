@@ -155,6 +155,7 @@ ByzantineMode = Literal[
     "misplan",
     "mistable",
     "goes-back",
+    "slow-install",
 ]
 """Fault injection for tests and demos (a broker's ``byzantine`` setting, but ``none``)."""
 BYZANTINE_MODES: tuple[str, ...] = get_args(ByzantineMode)

@@ -1141,7 +1141,11 @@ class ReconfigAgent:
         # Marks first: what publishers and outside links sent before theirs is routed on
         # the old tables, so it must be on the old links before the drain markers.
         patience = min(_MARK_PATIENCE, self.settings.step_timeout / 3)
-        if not await self._until(lambda: not h.marks_owed(), patience):
+        marked = await self._until(lambda: not h.marks_owed(), patience)
+        ended = self._ended(pending)
+        if ended is not None:
+            return ended  # undone meanwhile: holding streams now would hold them for good
+        if not marked:
             owed = h.marks_owed()
             self.stats.unmarked += owed
             log.warning(
@@ -1160,6 +1164,9 @@ class ReconfigAgent:
         if h.vn == pending.master:
             old = {p for p in h.link_ids() if h.linked_vn(p) in pending.hood - standby}
             ok = await self._markers_from(pending.round, 1, old)
+            ended = self._ended(pending)
+            if ended is not None:
+                return ended
             other = self.markers.disagreeing(pending.round, 1, pending.digest)
             if ok and not other:
                 # No wave 2 for a plan some member does not share: nobody drains into it.
@@ -1168,6 +1175,9 @@ class ReconfigAgent:
             old = {p for p in h.link_ids() if h.linked_vn(p) == pending.master}
             self._send_markers(pending.round, 1, old, pending.digest)
             ok = await self._markers_from(pending.round, 2, old)
+            ended = self._ended(pending)
+            if ended is not None:
+                return ended
             other = self.markers.disagreeing(pending.round, 2, pending.digest)
         if other:
             return Reply(False, f"{h.broker_id}: {', '.join(sorted(other))} prepared another plan")
@@ -1203,6 +1213,9 @@ class ReconfigAgent:
         wire_sent: Mapping[str, Any]
         if h.vn == pending.master:
             tables = await self.tables(pending.links)
+            ended = self._ended(pending)
+            if ended is not None:
+                return ended
             self._vouch(pending, tables)
             wire_held, wire_sent = tables.get(h.vn, ({}, {}))
             if tables_digest(pending.round, wire_held, wire_sent) != offered:
@@ -1222,6 +1235,9 @@ class ReconfigAgent:
                     f"{h.broker_id}: no tables for {h.vn} vouched for by f + 1 replicas of "
                     f"master {pending.master}",
                 )
+            ended = self._ended(pending)
+            if ended is not None:
+                return ended
             chosen = self._vouched_tables(pending, offered)
             assert chosen is not None
             wire_held, wire_sent = chosen
@@ -1233,6 +1249,15 @@ class ReconfigAgent:
                 )
         self._switch(pending, wire_held, wire_sent)
         return OK
+
+    def _ended(self, pending: Pending) -> Reply | None:
+        """The refusal when ``pending`` ended here while a step waited (its lease ran out:
+        undone, or gone forward on vouches), else None. Nothing may act on it then: a
+        master replica that went back and vouched afterwards would lead other members to
+        switch while it stays, and one that went forward would switch twice."""
+        if self.member.pending is pending:
+            return None
+        return Reply(False, f"{self.hood.broker_id}: round {pending.round} ended here (lease)")
 
     def _switch(
         self, pending: Pending, wire_held: Mapping[str, Any], wire_sent: Mapping[str, Any]

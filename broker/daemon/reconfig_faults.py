@@ -36,9 +36,17 @@ replica restarted a moment before a round (its new links not all up yet) does, o
 lease ran out before the vouches came. Its siblings switch without it; what brings it back
 in line is the honest repair every replica runs (:meth:`ReconfigAgent.repair_from_siblings`):
 it takes the links and tables f + 1 of its siblings keep.
+
+A slow replica of the master VN (``byzantine = slow-install``, :class:`SlowInstallAgent`) is
+honest but computes its tables at install for longer than its lease: the lease ends, it goes
+back, and it must then neither vouch for the tables nor switch to them when they are ready
+(it did: members switched on its vouches while it stayed, and it switched after going back).
 """
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
 
 from broker.daemon.config import BrokerConfig
 from broker.daemon.reconfig_agent import ControlChannel, Neighbourhood, ReconfigAgent, WireTables
@@ -167,11 +175,24 @@ class GoingBackAgent(ReconfigAgent):
         return False
 
 
+class SlowInstallAgent(ReconfigAgent):
+    """A replica of the master VN whose install computes its tables for one lease and a
+    second (``byzantine = slow-install``), as on a machine so loaded that the thread pool
+    answered that late: its lease ends meanwhile and it goes back."""
+
+    async def tables(self, new_links: Sequence[Link]) -> WireTables:
+        if self.coordinating is None:  # a member's install, not its own round's plan
+            await asyncio.sleep(self.settings.lock_lease + 1.0)
+        return await super().tables(new_links)
+
+
 def reconfig_agent(hood: Neighbourhood, config: BrokerConfig) -> ReconfigAgent:
     """The broker's reconfiguration agent: honest, or faulty for ``byzantine = misplan``,
-    ``mistable`` or ``goes-back``."""
+    ``mistable``, ``goes-back`` or ``slow-install``."""
     if config.byzantine == "goes-back":
         return GoingBackAgent(hood, config.reconfig)
+    if config.byzantine == "slow-install":
+        return SlowInstallAgent(hood, config.reconfig)
     if config.byzantine == "misplan":
         return MisplanningAgent(hood, config)
     if config.byzantine == "mistable":
