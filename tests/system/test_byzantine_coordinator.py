@@ -55,6 +55,14 @@ def start(run_overlay: Callable[..., LocalOverlay], mode: str) -> LocalOverlay:
     )
 
 
+def saved_vns(overlay: LocalOverlay, broker: str) -> frozenset[str] | None:
+    """The neighbour VNs ``broker`` saved for a restart (None: it never saved any)."""
+    path = overlay.workdir / f"{broker}.links.json"
+    if not path.exists():
+        return None
+    return frozenset(overlay.vn_of(p) for p in json.loads(path.read_text())["neighbours"])
+
+
 def rounds_of(overlay: LocalOverlay, broker: str) -> list[dict[str, Any]]:
     rounds: list[dict[str, Any]] = fetch_json(overlay.brokers[broker].admin_url + "/reconfig")[
         "rounds"
@@ -236,13 +244,8 @@ async def test_wrong_or_withheld_tables_from_the_coordinator_are_not_what_member
         for b in members
     }
 
-    def saved(broker: str) -> set[str] | None:
-        path = overlay.workdir / f"{broker}.links.json"
-        if not path.exists():
-            return None
-        return {overlay.vn_of(p) for p in json.loads(path.read_text())["neighbours"]}
-
     try:
-        await until(lambda: all(saved(b) == live[b] for b in live), timeout=10.0)
+        await until(lambda: all(saved_vns(overlay, b) == live[b] for b in live), timeout=10.0)
     except TimeoutError:
-        pytest.fail(f"saved links differ from live ones: {({b: saved(b) for b in live}, live)}")
+        saved = {b: saved_vns(overlay, b) for b in live}
+        pytest.fail(f"saved links differ from live ones: {saved}, {live}")

@@ -15,7 +15,6 @@ links back at its next repair. Every publication arrives exactly once, in order.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +24,7 @@ from broker.tools.local import LocalOverlay, fetch_json
 from broker.tools.rebuild_apply import ask_move
 from overlay.tree import line_tree
 from reconfig.rebuild import Move
-from tests.system.test_byzantine_coordinator import Stream, stream_until
+from tests.system.test_byzantine_coordinator import Stream, saved_vns, stream_until
 
 pytestmark = pytest.mark.slow
 
@@ -41,14 +40,6 @@ RECONFIG = {
 def neighbours(overlay: LocalOverlay, broker: str) -> tuple[str, ...]:
     info: dict[str, Any] = fetch_json(overlay.brokers[broker].admin_url + "/reconfig")
     return tuple(info["neighbours"])
-
-
-def saved_vns(overlay: LocalOverlay, broker: str) -> frozenset[str] | None:
-    """The neighbour VNs ``broker`` saved for a restart (None: it never saved any)."""
-    path = overlay.workdir / f"{broker}.links.json"
-    if not path.exists():
-        return None
-    return frozenset(overlay.vn_of(p) for p in json.loads(path.read_text())["neighbours"])
 
 
 def agreed(overlay: LocalOverlay) -> bool:
