@@ -53,10 +53,10 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 import msgpack
 from cryptography.exceptions import InvalidSignature
@@ -86,18 +86,21 @@ __all__ = [
     "SealCache",
     "ShareInbox",
     "ShareRecord",
+    "Split",
     "SplitCert",
     "cert_digest",
     "commitment",
     "confidentiality_free",
     "merkle_fold",
     "merkle_tree",
+    "outcome",
     "pack_batch",
     "pack_record",
     "publisher_split",
     "publisher_split_unsealed",
     "publisher_split_with",
     "reconstruct",
+    "recover_node",
     "resplit",
     "seal_batch",
     "seal_certs",
@@ -107,6 +110,7 @@ __all__ = [
     "unpack_batch",
     "unpack_record",
     "with_root_cert",
+    "wrong_secrets",
 ]
 
 SALT_SIZE = 16
@@ -1110,22 +1114,53 @@ def reconstruct(
         nodes = sorted(node for node in versions if len(node) == level)
         for node in nodes:
             certs = list(versions[node].values())
-            _recover_node(node, certs, candidates, path, blames, complete=complete)
+            recover_node(node, certs, candidates, path, blames, complete=complete)
         if level == 0:
             break
         for node in nodes:
             allowed = {cert.commitments[node[-1]] for cert in versions[node[:-1]].values()}
-            for digest in candidates.get(node, {}):
-                if digest not in allowed:
-                    blames.append(
-                        Blame(
-                            path.splitter(node).id,
-                            Fault.WRONG_SECRET,
-                            node,
-                            "its split does not reconstruct the share it was given",
-                        )
-                    )
+            blames += wrong_secrets(node, candidates, allowed, path)
+    return outcome(candidates, blames, check)
 
+
+class Split(Protocol):
+    """What reconstruction needs of one version of a split: the child commitments and the
+    scheme (a :class:`SplitCert`, or a pass statement's entry with its scheme)."""
+
+    @property
+    def commitments(self) -> tuple[bytes, ...]: ...
+    @property
+    def k(self) -> int: ...
+    @property
+    def r(self) -> int: ...
+
+
+def wrong_secrets(
+    node: Lineage,
+    candidates: Mapping[Lineage, Mapping[bytes, bytes]],
+    allowed: set[bytes],
+    path: PathView,
+) -> list[Blame]:
+    """Blame the splitter of ``node`` for every value its children rebuilt that no version
+    of the split above committed to (``allowed``): it split something it was not given."""
+    return [
+        Blame(
+            path.splitter(node).id,
+            Fault.WRONG_SECRET,
+            node,
+            "its split does not reconstruct the share it was given",
+        )
+        for digest in candidates.get(node, {})
+        if digest not in allowed
+    ]
+
+
+def outcome(
+    candidates: Mapping[Lineage, Mapping[bytes, bytes]],
+    blames: Iterable[Blame],
+    check: Callable[[bytes], bool] | None,
+) -> Reconstruction:
+    """The key, if exactly one candidate root passes ``check``, and the blame, once each."""
     keys = list(candidates.get((), {}).values())
     if check is not None:
         keys = [key for key in keys if check(key)]
@@ -1145,15 +1180,18 @@ def _same_share(a: ShareRecord, b: ShareRecord) -> bool:
 _NO_CANDIDATES: dict[bytes, bytes] = {}  # read only: a child nothing was recovered for
 
 
-def _recover_node(
+def recover_node(
     node: Lineage,
-    certs: list[SplitCert],
+    certs: Sequence[Split],
     candidates: dict[Lineage, dict[bytes, bytes]],
     path: PathView,
     blames: list[Blame],
     *,
     complete: bool,
 ) -> None:
+    """Every value of ``node`` its children rebuild under some version of its split, keyed
+    by the value's commitment (a root's by the key itself), into ``candidates``; blame for
+    an inconsistent split and, once every delivery is in, for a short one."""
     found: dict[bytes, bytes] = {}
     best = 0
     splitter = path.splitter(node).id
@@ -1169,7 +1207,8 @@ def _recover_node(
         try:
             value = shamir.combine(points, cert.k)
         except shamir.ShareError as exc:
-            blames.append(Blame(splitter, Fault.INCONSISTENT_SPLIT, node, str(exc), (cert,)))
+            evidence = (cert,) if isinstance(cert, SplitCert) else ()
+            blames.append(Blame(splitter, Fault.INCONSISTENT_SPLIT, node, str(exc), evidence))
             continue
         found[commitment(value) if node else value] = value
     some = certs[0]

@@ -1,0 +1,633 @@
+"""Key shares by the pass: one split, one signed statement and one blob per (splitter, next
+VN, pass) — the bulk form of :mod:`security.propagation`'s tree of shares (SPEC §3).
+
+Why a second form. The tree is the same (lineage, (k, r) per level, salted openings,
+SHA-256 commitments, blame on proof only), but :mod:`security.propagation` carries it as
+one record per share with its certificate chain: 66 records per publication over three VNs
+of three replicas, each built, packed, parsed and checked in Python, which is what keeps
+confidential delivery at a twentieth of plain throughput (issue 11, ``bench/RESULTS.md``).
+Here the unit of work is a splitter's *pass* (every node it splits toward one next VN in
+one event-loop flush), so the per-publication work is a few slices and hashes:
+
+* **Split.** All openings a splitter holds for one next VN are split by one
+  :func:`security.shamir.split` of their concatenation (byte-wise Shamir splits a
+  concatenation exactly as it splits each part, every byte with its own polynomial). Replica
+  ``j`` of the next VN gets one *blob*: child ``j`` of every node, ``salt || sub-share`` each
+  (the opening of the child), in statement order.
+* **Statement.** The splitter states the pass once (:class:`PassStatement`): splitter,
+  next VN, serial, (k, r), and per node the publication, the lineage, the *reference* of the
+  statement that committed to the node's own opening, the child opening size and the r
+  child commitments; it signs the canonical bytes once. A statement's reference is the
+  SHA-256 of its bytes *and* signature, so a child entry that names it vouches for that
+  exact signature (a relay cannot pair a genuine statement with a forged signature: the
+  pair has another reference, which nothing names).
+* **Receive.** A replica checks every opening of its blob against its commitment
+  (:func:`open_pass`, hashing only) and each entry's shape against the publication's path
+  (:func:`entry_problem`); before it splits a share it verifies the signature of the
+  statement it came under (:class:`SealChecks`, once per statement), as
+  :mod:`security.propagation` does per batch root: its own statement names that one, so an
+  honest broker never vouches for a bad signature.
+* **Relay.** Statements travel whole along the path, each once per link, so a subscriber
+  gets the statement of every splitter above its leaves. They name other publications the
+  same splitter split toward the same VN in the same pass (ids and hiding commitments, no
+  share): a subscriber learns which publications crossed its path, not their keys or
+  content. The last VN splits nothing; its replicas hand the subscriber their leaves as
+  :class:`LeafBatch` es (a statement reference, entry positions, the openings).
+* **Reconstruct.** :func:`reconstruct` rebuilds the key bottom-up exactly as
+  :func:`security.propagation.reconstruct` does (candidates per node keyed by commitment,
+  one combine per version of a split, extra children checked against the polynomial), with
+  the same blame rules (:class:`~security.propagation.Fault`). A bad signature on a
+  statement of the last splitting VN proves nothing (its holder may have forged it: set
+  aside, :data:`~security.propagation.UNPROVEN`); on a statement above, it is blamed on
+  every splitter whose validly signed entry names it (it vouched without checking).
+
+Pure functions over plain data: framing, links, timers and silence belong to the caller.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import msgpack
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from security import shamir
+from security.envelope import Signer
+from security.propagation import (
+    SALT_SIZE,
+    Blame,
+    Fault,
+    PathView,
+    PropagationError,
+    Reconstruction,
+    commitment,
+    outcome,
+    recover_node,
+    threshold_for,
+    wrong_secrets,
+)
+
+__all__ = [
+    "Assembly",
+    "Entry",
+    "Held",
+    "LeafBatch",
+    "PassStatement",
+    "SealChecks",
+    "entry_problem",
+    "open_pass",
+    "parse_statement",
+    "root_holdings",
+    "split_pass",
+]
+
+Lineage = tuple[int, ...]
+
+_DOMAIN = "trellis/pass-statement/v1"
+_REF_TAG = b"trellis/pass-ref\x00"
+_DIGEST = 32
+_sha256 = hashlib.sha256
+
+
+class Entry(NamedTuple):
+    """One node a pass split: its publication and lineage, the reference of the statement
+    that committed to its opening (``b""`` for a root, which the publisher holds), the size
+    of each child opening and the r child commitments."""
+
+    pub_id: bytes
+    node: Lineage
+    parent: bytes
+    size: int
+    commitments: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PassStatement:
+    """What one splitter split toward one next VN in one pass, as signed.
+
+    ``raw`` is the canonical (signed) bytes; ``ref`` names the statement with its
+    signature. Two validly signed statements toward the same VN with different entries for
+    the same node prove the splitter equivocated.
+    """
+
+    splitter: str
+    toward: str
+    serial: int
+    k: int
+    r: int
+    entries: tuple[Entry, ...]
+    raw: bytes = field(repr=False)
+    signature: bytes = field(repr=False)
+    ref: bytes = field(repr=False)
+    _positions: dict[tuple[bytes, Lineage], int] = field(repr=False)
+
+    def position(self, pub_id: bytes, node: Lineage) -> int | None:
+        """Where the entry for ``node`` of ``pub_id`` sits, or None."""
+        return self._positions.get((pub_id, node))
+
+    def blob_size(self) -> int:
+        """The length of every blob of this pass (one child opening per entry)."""
+        return sum(entry.size for entry in self.entries)
+
+
+def _ref(raw: bytes, signature: bytes) -> bytes:
+    return _sha256(_REF_TAG + raw + signature).digest()
+
+
+def _statement(
+    splitter: str,
+    toward: str,
+    serial: int,
+    k: int,
+    r: int,
+    entries: tuple[Entry, ...],
+    raw: bytes,
+    signature: bytes,
+) -> PassStatement:
+    positions = {(e.pub_id, e.node): i for i, e in enumerate(entries)}
+    if len(positions) != len(entries):
+        raise PropagationError("a statement names one node twice")
+    return PassStatement(
+        splitter,
+        toward,
+        serial,
+        k,
+        r,
+        entries,
+        raw,
+        signature,
+        _ref(raw, signature),
+        positions,
+    )
+
+
+class Held(NamedTuple):
+    """A share a broker (or the publisher, for a root) holds and may split: publication,
+    lineage, opening (``salt || data``; a root's is the key) and the reference of the
+    statement that committed to it (``b""`` for a root)."""
+
+    pub_id: bytes
+    lineage: Lineage
+    opening: bytes
+    parent: bytes
+
+
+def root_holdings(roots: Iterable[tuple[bytes, bytes]]) -> list[Held]:
+    """A publisher's ``(pub_id, key)`` pairs as the roots it splits."""
+    return [Held(pub_id, (), key, b"") for pub_id, key in roots]
+
+
+def split_pass(
+    signer: Signer, toward: str, serial: int, r: int, held: Sequence[Held]
+) -> tuple[PassStatement, list[bytes]]:
+    """Split every held share toward the ``r`` replicas of VN ``toward`` in one pass.
+
+    Returns the signed statement and one blob per next replica (blob ``j`` for replica
+    ``j``: child ``j`` of every share, in statement order). The threshold is
+    :func:`~security.propagation.threshold_for` ``(r)``.
+    """
+    if not held:
+        raise PropagationError("a pass splits at least one share")
+    k = threshold_for(r)
+    if r > shamir.MAX_SHARES:
+        raise PropagationError(f"a VN may have at most {shamir.MAX_SHARES} replicas")
+    sizes = [len(h.opening) for h in held]
+    shares = shamir.split(b"".join(h.opening for h in held), k, r)
+    count = len(held)
+    salts = os.urandom(SALT_SIZE * r * count)
+    columns: list[list[bytes]] = [[] for _ in range(count)]
+    blobs: list[bytes] = []
+    for j, share in enumerate(shares):
+        data = share.data
+        parts: list[bytes] = []
+        at = 0
+        salt_at = j * count * SALT_SIZE
+        for n, size in enumerate(sizes):
+            opening = salts[salt_at : salt_at + SALT_SIZE] + data[at : at + size]
+            salt_at += SALT_SIZE
+            at += size
+            parts.append(opening)
+            columns[n].append(commitment(opening))
+        blobs.append(b"".join(parts))
+    entries = tuple(
+        Entry(h.pub_id, h.lineage, h.parent, size + SALT_SIZE, tuple(column))
+        for h, size, column in zip(held, sizes, columns, strict=True)
+    )
+    raw = msgpack.packb(
+        [
+            _DOMAIN,
+            signer.id,
+            toward,
+            serial,
+            k,
+            r,
+            [[e.pub_id, bytes(e.node), e.parent, e.size, b"".join(e.commitments)] for e in entries],
+        ],
+        use_bin_type=True,
+    )
+    signature = signer.sign(raw)
+    return _statement(signer.id, toward, serial, k, r, entries, raw, signature), blobs
+
+
+def parse_statement(raw: bytes, signature: bytes) -> PassStatement:
+    """A statement from its canonical bytes and signature (the signature is not checked
+    here: :class:`SealChecks`). Raises :class:`PropagationError` on anything malformed."""
+    try:
+        fields = msgpack.unpackb(raw, raw=False, use_list=False)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise PropagationError(f"malformed pass statement: {exc}") from None
+    if type(fields) is not tuple or len(fields) != 7 or fields[0] != _DOMAIN:
+        raise PropagationError("not a pass statement")
+    _, splitter, toward, serial, k, r, rows = fields
+    if not (type(splitter) is str and type(toward) is str and type(serial) is int):
+        raise PropagationError("malformed pass statement header")
+    if type(r) is not int or not 1 <= r <= shamir.MAX_SHARES or k != threshold_for(r):
+        raise PropagationError(f"scheme (k, r) = ({k!r}, {r!r}) is not a threshold scheme")
+    if type(rows) is not tuple or not rows or not isinstance(signature, bytes):
+        raise PropagationError("a pass statement needs entries and a signature")
+    width = r * _DIGEST
+    try:
+        # Checked column-wise, each column in one C-level pass, then built in one more.
+        pub_ids, nodes, parents, sizes, joined = zip(*rows, strict=True)
+    except (TypeError, ValueError):
+        raise PropagationError("malformed pass entry") from None
+    if not (
+        _all_of(bytes, pub_ids, nodes, parents, joined)
+        and set(map(type, sizes)) == {int}
+        and min(sizes) > SALT_SIZE
+        and set(map(len, joined)) == {width}
+        and all(len(p) == (_DIGEST if len(n) else 0) for p, n in zip(parents, nodes, strict=True))
+    ):
+        raise PropagationError("malformed pass entry")
+    commits = [tuple([j[i : i + _DIGEST] for i in range(0, width, _DIGEST)]) for j in joined]
+    entries = list(map(Entry, pub_ids, map(tuple, nodes), parents, sizes, commits))
+    return _statement(splitter, toward, serial, k, r, tuple(entries), raw, signature)
+
+
+def _all_of(kind: type, *columns: tuple[object, ...]) -> bool:
+    return all(set(map(type, column)) == {kind} for column in columns)
+
+
+class SealChecks:
+    """Statement signatures already checked, by reference: each statement costs one
+    Ed25519 verification per process however many shares it covers. Bounded."""
+
+    def __init__(self, size: int = 1 << 15) -> None:
+        self.size = size
+        self._seen: dict[bytes, bool] = {}
+        self.verified = 0  # verifications actually run (for benchmarks)
+
+    def sealed(self, statement: PassStatement, key: Ed25519PublicKey) -> bool:
+        """Whether ``statement`` carries its splitter's signature under ``key``."""
+        ok = self._seen.get(statement.ref)
+        if ok is None:
+            self.verified += 1
+            try:
+                key.verify(statement.signature, statement.raw)
+                ok = True
+            except InvalidSignature:
+                ok = False
+            seen = self._seen
+            if len(seen) >= self.size:
+                for stale in list(seen)[: self.size // 4]:
+                    del seen[stale]
+            seen[statement.ref] = ok
+        return ok
+
+
+_FITS: dict[tuple[int, Lineage, str, int, int], tuple[PathView, str | None]] = {}
+_FITS_LIMIT = 1 << 14
+
+
+def entry_problem(statement: PassStatement, entry: Entry, path: PathView) -> str | None:
+    """Why ``entry`` of ``statement`` does not fit the publication's ``path``, or None:
+    the split's level must be on the path under an allowed (k, r), and the statement's
+    signer must be the one entitled to split the node.
+
+    Every publication of a publisher has the same nodes on the same path, so verdicts are
+    remembered per (path object, node, splitter, scheme): a pass of n publications costs
+    one check per node, not n."""
+    memo = (id(path), entry.node, statement.splitter, statement.k, statement.r)
+    seen = _FITS.get(memo)
+    if seen is not None and seen[0] is path:
+        return seen[1]
+    problem = _entry_problem(statement, entry, path)
+    if len(_FITS) >= _FITS_LIMIT:
+        for stale in list(_FITS)[: _FITS_LIMIT // 4]:
+            del _FITS[stale]
+    _FITS[memo] = (path, problem)  # the path is kept, so its id is not reused meanwhile
+    return problem
+
+
+def _entry_problem(statement: PassStatement, entry: Entry, path: PathView) -> str | None:
+    node = entry.node
+    level = len(node) + 1
+    if level > path.depth:
+        return f"a split of {node} below the last VN"
+    if any(not 0 <= i < len(path.vns[d]) for d, i in enumerate(node)):
+        return f"lineage {node} out of the path's replicas"
+    if not path.allows(level, statement.k, statement.r):
+        return f"scheme (k, r) = ({statement.k}, {statement.r}) is not one the path allows"
+    entitled = path.splitter(node).id
+    if statement.splitter != entitled:
+        return f"signed by {statement.splitter!r}, but {entitled!r} splits {node}"
+    return None
+
+
+def open_pass(
+    statement: PassStatement, blob: bytes, index: int
+) -> tuple[list[Held], list[tuple[Entry, str]]]:
+    """What replica ``index`` of the next VN received in ``blob`` under ``statement``: the
+    shares whose openings match their commitments, and each entry whose opening does not
+    (with why). Hashing only; the caller checks entries against paths
+    (:func:`entry_problem`), the sender against ``statement.splitter`` and, before it
+    splits any of them, the signature (:class:`SealChecks`)."""
+    if not 0 <= index < statement.r:
+        return [], [(e, f"no child {index} in a split of {statement.r}") for e in statement.entries]
+    if len(blob) != statement.blob_size():
+        return [], [(e, "blob of the wrong length") for e in statement.entries]
+    held: list[Held] = []
+    bad: list[tuple[Entry, str]] = []
+    ref = statement.ref
+    at = 0
+    child = (index,)
+    for entry in statement.entries:
+        size = entry.size
+        opening = blob[at : at + size]
+        at += size
+        if commitment(opening) == entry.commitments[index]:
+            held.append(Held(entry.pub_id, entry.node + child, opening, ref))
+        else:
+            bad.append((entry, "opening does not match its commitment"))
+    return held, bad
+
+
+class LeafBatch(NamedTuple):
+    """Leaves a replica of the last VN hands a subscriber: the statement they came under
+    (by reference), the positions of their entries in it and their openings, concatenated
+    (child ``x`` of each entry, ``x`` being the sender's replica index)."""
+
+    ref: bytes
+    positions: tuple[int, ...]
+    blob: bytes
+
+
+class Assembly:
+    """A subscriber's statements and leaves, indexed by publication.
+
+    Statements and leaves cover many publications each (a pass of every splitter above);
+    :meth:`reconstruct` looks at one publication's entries and leaves only, so a pass of
+    n publications costs n reconstructions, not n passes over everything. Leaves whose
+    statement has not arrived yet wait for it (a relay sends a statement before the leaves
+    under it, but nothing here depends on that).
+    """
+
+    def __init__(self) -> None:
+        self.statements: dict[bytes, PassStatement] = {}
+        self._entries: dict[bytes, list[tuple[PassStatement, Entry]]] = defaultdict(list)
+        self._leaves: dict[bytes, list[tuple[str, PassStatement, Entry, bytes]]] = defaultdict(list)
+        self._waiting: dict[bytes, list[tuple[str, LeafBatch]]] = defaultdict(list)
+
+    def add_statement(self, statement: PassStatement) -> None:
+        """Take a relayed statement (again: ignored)."""
+        if statement.ref in self.statements:
+            return
+        self.statements[statement.ref] = statement
+        for entry in statement.entries:
+            self._entries[entry.pub_id].append((statement, entry))
+        for sender, batch in self._waiting.pop(statement.ref, ()):
+            self.add_leaves(sender, batch)
+
+    def add_leaves(self, sender: str, batch: LeafBatch) -> None:
+        """Take the leaves one replica of the last VN delivered (``sender``: its id)."""
+        statement = self.statements.get(batch.ref)
+        if statement is None:
+            self._waiting[batch.ref].append((sender, batch))
+            return
+        entries = statement.entries
+        blob = batch.blob
+        at = 0
+        for position in batch.positions:
+            if type(position) is not int or not 0 <= position < len(entries):
+                break
+            entry = entries[position]
+            self._leaves[entry.pub_id].append(
+                (sender, statement, entry, blob[at : at + entry.size])
+            )
+            at += entry.size
+
+    def publications(self) -> list[bytes]:
+        """Every publication some leaf was delivered for."""
+        return list(self._leaves)
+
+    def forget(self, pub_id: bytes) -> None:
+        """Drop what is held for ``pub_id`` (its key is known, or it was given up). The
+        statements stay: they cover other publications too (the caller bounds them)."""
+        self._entries.pop(pub_id, None)
+        self._leaves.pop(pub_id, None)
+
+    def reconstruct(
+        self,
+        pub_id: bytes,
+        path: PathView,
+        *,
+        seals: SealChecks | None = None,
+        audit: bool = True,
+        check: Callable[[bytes], bool] | None = None,
+        complete: bool = False,
+    ) -> Reconstruction:
+        """Recover ``pub_id``'s key from the leaves delivered so far, and blame every provable
+        fault (the rules of :func:`security.propagation.reconstruct`).
+
+        Args:
+            pub_id: the publication.
+            path: its path.
+            seals: signature cache shared across calls.
+            audit: verify every statement's signature (each once per cache). False: a quick
+                pass that trusts every statement; its key must pass ``check`` (the AES-GCM
+                tag) and its blame is only a reason to run the audit, never to name anyone:
+                a relay can forge a statement, and only signatures tell whose it is.
+            check: optional final test of a candidate key.
+            complete: every delivery is in; only then is a short split blamed.
+        """
+        seals = seals or SealChecks()
+        depth = path.depth
+        blames: list[Blame] = []
+
+        # The entries for this publication under each statement, shapes checked.
+        mine: dict[bytes, list[Entry]] = {}
+        unfit: set[bytes] = set()
+        for statement, entry in self._entries.get(pub_id, ()):
+            ref = statement.ref
+            if ref in unfit:
+                continue
+            problem = entry_problem(statement, entry, path)
+            if problem is None:
+                mine.setdefault(ref, []).append(entry)
+                continue
+            unfit.add(ref)
+            mine.pop(ref, None)
+            # A relay can send anything: only the splitter's own signature makes it its fault.
+            signer = _signer(path, statement.splitter)
+            if audit and signer is not None and seals.sealed(statement, signer):
+                blames.append(Blame(statement.splitter, Fault.BAD_SHARE, entry.node, problem))
+
+        # The audit: a bad signature on the last splitting VN's statement proves nothing (its
+        # holders relay it unchecked); above, it is the fault of whoever vouched for it.
+        statements = self.statements
+        sealed = dict.fromkeys(mine, True)
+        if audit:
+            for ref, entries in mine.items():
+                signer = path.splitter(entries[0].node).public_key
+                sealed[ref] = seals.sealed(statements[ref], signer)
+            for ref, ok in sealed.items():
+                if ok:
+                    continue
+                for child_ref, entries in mine.items():
+                    if sealed[child_ref] and any(e.parent == ref for e in entries):
+                        blames.append(
+                            Blame(
+                                statements[child_ref].splitter,
+                                Fault.BAD_SHARE,
+                                (),
+                                f"split under a statement of {statements[ref].splitter!r} "
+                                "whose signature fails",
+                            )
+                        )
+
+        # node -> entry -> its statement: the versions of each split.
+        versions: dict[Lineage, dict[Entry, PassStatement]] = defaultdict(dict)
+        for ref, entries in mine.items():
+            if sealed[ref]:
+                for entry in entries:
+                    versions[entry.node].setdefault(entry, statements[ref])
+        for node, stated in versions.items():
+            if len(stated) > 1:
+                refs = ", ".join(sorted(s.ref.hex()[:16] for s in stated.values()))
+                blames.append(
+                    Blame(
+                        path.splitter(node).id,
+                        Fault.EQUIVOCATION,
+                        node,
+                        f"{len(stated)} signed statements of one split ({refs})",
+                    )
+                )
+
+        candidates: dict[Lineage, dict[bytes, bytes]] = defaultdict(dict)
+        holders = {m.id: x for x, m in enumerate(path.vns[depth - 1])}
+        for sender, statement, entry, opening in self._leaves.get(pub_id, ()):
+            if not sealed.get(statement.ref, False):
+                continue  # a statement unfit for this path, or set aside (unproven)
+            holder = holders.get(sender)
+            if holder is None or len(entry.node) != depth - 1 or holder >= statement.r:
+                blames.append(
+                    Blame(sender, Fault.WRONG_SENDER, entry.node, "it does not hold this share")
+                )
+                continue
+            leaf = (*entry.node, holder)
+            digest = entry.commitments[holder]
+            if len(opening) != entry.size or commitment(opening) != digest:
+                blames.append(
+                    Blame(sender, Fault.BAD_SHARE, leaf, "opening does not match its commitment")
+                )
+                continue
+            known = candidates[leaf]
+            if known and digest not in known:  # an honest holder keeps the first it got
+                blames.append(Blame(sender, Fault.DUPLICATE, leaf, "two different shares"))
+                continue
+            known[digest] = opening
+
+        splits = {
+            node: [_Version(e.commitments, st.k, st.r) for e, st in stated.items()]
+            for node, stated in versions.items()
+        }
+        for level in range(depth - 1, -1, -1):
+            nodes = sorted(node for node in splits if len(node) == level)
+            for node in _recover_level(nodes, splits, candidates):
+                recover_node(node, splits[node], candidates, path, blames, complete=complete)
+            if level == 0:
+                break
+            for node in nodes:
+                allowed = {
+                    split.commitments[node[-1]]
+                    for split in splits.get(node[:-1], ())
+                    if node[-1] < split.r
+                }
+                blames += wrong_secrets(node, candidates, allowed, path)
+        return outcome(candidates, blames, check)
+
+
+class _Version(NamedTuple):
+    """One version of a split as reconstruction sees it
+    (:class:`security.propagation.Split`)."""
+
+    commitments: tuple[bytes, ...]
+    k: int
+    r: int
+
+
+def _recover_level(
+    nodes: list[Lineage],
+    splits: Mapping[Lineage, list[_Version]],
+    candidates: dict[Lineage, dict[bytes, bytes]],
+) -> list[Lineage]:
+    """The honest case of a level at once: every node with one version of its split and
+    all r children recovered is rebuilt by one combine over the concatenated children of
+    all such nodes (byte-wise Shamir combines a concatenation as it combines each part),
+    every child checked against the polynomial as
+    :func:`~security.propagation.recover_node` does. Returns the nodes left for it (several
+    versions, missing children, or a group whose children are inconsistent somewhere)."""
+    rest: list[Lineage] = []
+    groups: dict[tuple[int, int], list[tuple[Lineage, list[bytes]]]] = defaultdict(list)
+    for node in nodes:
+        versions = splits[node]
+        if len(versions) != 1:
+            rest.append(node)
+            continue
+        split = versions[0]
+        children = []
+        for j, digest in enumerate(split.commitments):
+            opening = candidates.get((*node, j), _NONE).get(digest)
+            if opening is None:
+                break
+            children.append(opening)
+        if len(children) != split.r:
+            rest.append(node)
+            continue
+        groups[split.k, split.r].append((node, children))
+    for (k, r), members in groups.items():
+        points = [
+            shamir.trusted_share(j + 1, b"".join([c[j][SALT_SIZE:] for _, c in members]))
+            for j in range(r)
+        ]
+        try:
+            joined = shamir.combine(points, k)
+        except shamir.ShareError:
+            rest.extend(node for node, _ in members)
+            continue
+        at = 0
+        for node, children in members:
+            size = len(children[0]) - SALT_SIZE
+            value = joined[at : at + size]
+            at += size
+            candidates[node] = {commitment(value) if node else value: value}
+    return rest
+
+
+def _signer(path: PathView, broker: str) -> Ed25519PublicKey | None:
+    if path.publisher.id == broker:
+        return path.publisher.public_key
+    for vn in path.vns:
+        for member in vn:
+            if member.id == broker:
+                return member.public_key
+    return None
+
+
+_NONE: dict[bytes, bytes] = {}
