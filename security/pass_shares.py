@@ -554,11 +554,12 @@ class Assembly:
             if level == 0:
                 break
             for node in nodes:
-                allowed = {
-                    split.commitments[node[-1]]
-                    for split in splits.get(node[:-1], ())
-                    if node[-1] < split.r
-                }
+                above = splits.get(node[:-1])
+                if not above:
+                    # The statement above has not arrived (or was set aside): nothing to
+                    # check this node's values against, and nothing to use them for.
+                    continue
+                allowed = {split.commitments[node[-1]] for split in above if node[-1] < split.r}
                 blames += wrong_secrets(node, candidates, allowed, path)
         return outcome(candidates, blames, check)
 

@@ -459,3 +459,23 @@ def test_a_garbled_statement_is_refused_with_a_propagation_error_or_parses_to_an
     if garbled != statement.raw:
         assert parsed.ref != statement.ref
         assert not SealChecks().sealed(parsed, signer.public_key)
+
+
+def test_a_statement_still_on_its_way_blames_nobody_below_it() -> None:
+    """A subscriber may try before every statement is in: a split whose parent statement
+    has not arrived cannot be checked, and its honest splitter is not blamed for it."""
+    world = World((3, 3, 3))
+    keys = {b"pub/0": os.urandom(32)}
+    _, statements, deliveries = _deliver(world, keys)
+    assembly = Assembly()
+    later = [s for s in statements if s.splitter == "pub"]
+    for one in statements:
+        if one.splitter != "pub":
+            assembly.add_statement(one)
+    for sender, batch in deliveries:
+        assembly.add_leaves(sender, batch)
+    early = assembly.reconstruct(b"pub/0", world.path)
+    assert early == (None, ())
+    for one in later:
+        assembly.add_statement(one)
+    assert assembly.reconstruct(b"pub/0", world.path, complete=True) == (keys[b"pub/0"], ())
