@@ -864,7 +864,8 @@ async def orchestrate(args: argparse.Namespace) -> None:
             for run in range(runs):
                 order = MODES if run % 2 == 0 else MODES[::-1]
                 for mode in order:
-                    spy = args.profile if mode == "confidential" and run == runs - 1 else None
+                    last = mode == args.profile_mode and run == runs - 1
+                    spy = args.profile if last else None
                     res = await measure_mode(
                         mode,
                         pub,
@@ -930,7 +931,9 @@ async def orchestrate(args: argparse.Namespace) -> None:
     if args.profile is not None:
         for name in PROFILED:
             path = args.profile / f"{name}.txt"
-            print(f"\npy-spy profile of {name} during the last confidential stream ({path}):")
+            print(
+                f"\npy-spy profile of {name} during the last {args.profile_mode} stream ({path}):"
+            )
             lines = summarize_profile(path) if path.exists() else ["  (no profile written)"]
             print("\n".join(lines))
 
@@ -1076,7 +1079,10 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         type=Path,
-        help="py-spy the last confidential stream (b0.0, b1.0, b2.0, pub, sub) into this directory",
+        help="py-spy the last stream of --profile-mode (b0.0, b1.0, b2.0, pub, sub) into this dir",
+    )
+    parser.add_argument(
+        "--profile-mode", choices=MODES, default="confidential", help="the mode --profile spies on"
     )
     # Child roles (internal).
     parser.add_argument("--role", choices=("pub", "sub"), help=argparse.SUPPRESS)
