@@ -80,6 +80,7 @@ __all__ = [
     "LeafBatch",
     "PassStatement",
     "SealChecks",
+    "claimed_vns",
     "entry_problem",
     "open_pass",
     "parse_statement",
@@ -338,6 +339,53 @@ def _entry_problem(statement: PassStatement, entry: Entry, path: PathView) -> st
     if statement.splitter != entitled:
         return f"signed by {statement.splitter!r}, but {entitled!r} splits {node}"
     return None
+
+
+def claimed_vns(
+    statement: PassStatement,
+    entry: Entry,
+    statements: Mapping[bytes, PassStatement],
+    owner: Callable[[str], str | None],
+    first_vn: str,
+    holder_vn: str,
+) -> tuple[str, ...] | None:
+    """The VN path the children of ``entry`` say they travelled, read up the chain of
+    statements (each entry names the statement above by reference), or None when the chain
+    is incomplete or cannot be a path.
+
+    As :func:`security.paths.claimed_path` reads it from a record's certificates: VN_1 is
+    the publisher's edge VN (``first_vn``, bound by the publisher's signature), VN_j for
+    1 < j <= m the VN of the replica that split level j's node (``owner`` maps a broker to
+    its VN), and VN_{m+1} the children's holder (``holder_vn``). Only a majority of a VN
+    makes a verifier adopt a path (:class:`security.paths.PathVote`).
+    """
+    splitters: list[str] = []
+    current, node = statement, entry.node
+    while node:
+        splitters.append(current.splitter)
+        position = current.position(entry.pub_id, node)
+        if position is None:
+            return None
+        above = statements.get(current.entries[position].parent)
+        if above is None:
+            return None
+        current, node = above, node[:-1]
+    if current.position(entry.pub_id, ()) is None:
+        return None
+    path = [first_vn]
+    for depth, splitter in enumerate(reversed(splitters), 1):
+        vn = owner(splitter)
+        if vn is None or (depth == 1 and vn != first_vn):
+            return None
+        if depth > 1:
+            path.append(vn)
+    if entry.node:
+        path.append(holder_vn)
+    elif holder_vn != first_vn:
+        return None
+    if len(set(path)) != len(path):
+        return None
+    return tuple(path)
 
 
 def open_pass(

@@ -24,6 +24,7 @@ from security.pass_shares import (
     LeafBatch,
     PassStatement,
     SealChecks,
+    claimed_vns,
     entry_problem,
     open_pass,
     parse_statement,
@@ -479,3 +480,27 @@ def test_a_statement_still_on_its_way_blames_nobody_below_it() -> None:
     for one in later:
         assembly.add_statement(one)
     assert assembly.reconstruct(b"pub/0", world.path, complete=True) == (keys[b"pub/0"], ())
+
+
+def test_the_path_of_a_share_is_read_up_its_chain_of_statements() -> None:
+    world = World((3, 3, 3))
+    keys = {b"pub/0": os.urandom(32)}
+    layers, _, _ = _deliver(world, keys)
+    holder = layers[2][1]  # v2.1 holds leaves split by v1.*
+    known = {**holder.relayed}
+
+    def owner(broker: str) -> str | None:
+        return broker.rpartition(".")[0] if broker.startswith("v") else None
+
+    for statement in holder.under.values():
+        for entry in statement.entries:
+            claim = claimed_vns(statement, entry, known, owner, "v0", "v2")
+            assert claim == ("v0", "v1", "v2")
+    edge = layers[0][0]
+    (root,) = edge.under.values()
+    assert claimed_vns(root, root.entries[0], {}, owner, "v0", "v0") == ("v0",)
+    assert claimed_vns(root, root.entries[0], {}, owner, "v0", "v1") is None
+    middle = next(iter(layers[1][0].under.values()))
+    assert claimed_vns(middle, middle.entries[0], {}, owner, "v0", "v1") is None  # no chain
+    assert claimed_vns(middle, middle.entries[0], known, owner, "v0", "v1") == ("v0", "v1")
+    assert claimed_vns(middle, middle.entries[0], known, owner, "v1", "v1") is None
