@@ -504,7 +504,55 @@ class Assembly:
             check: optional final test of a candidate key.
             complete: every delivery is in; only then is a short split blamed.
         """
+        checks = None if check is None else {pub_id: check}
+        return self.reconstruct_many(
+            [pub_id], path, seals=seals, audit=audit, checks=checks, complete=complete
+        )[pub_id]
+
+    def reconstruct_many(
+        self,
+        pub_ids: Iterable[bytes],
+        path: PathView,
+        *,
+        seals: SealChecks | None = None,
+        audit: bool = True,
+        checks: Mapping[bytes, Callable[[bytes], bool]] | None = None,
+        complete: bool = False,
+    ) -> dict[bytes, Reconstruction]:
+        """:meth:`reconstruct` for several publications of one path at once (a pass of a
+        stream): each level of every publication's honest nodes is rebuilt by one combine.
+        ``checks``: a final test of the key per publication (optional)."""
         seals = seals or SealChecks()
+        work = {pub_id: self._gather(pub_id, path, seals, audit) for pub_id in pub_ids}
+        for level in range(path.depth - 1, -1, -1):
+            layer = [
+                (pub_id, splits, candidates, node)
+                for pub_id, (_, splits, candidates) in work.items()
+                for node in sorted(node for node in splits if len(node) == level)
+            ]
+            for pub_id, splits, candidates, node in _recover_level(layer):
+                recover_node(
+                    node, splits[node], candidates, path, work[pub_id][0], complete=complete
+                )
+            if level == 0:
+                break
+            for pub_id, splits, candidates, node in layer:
+                above = splits.get(node[:-1])
+                if not above:
+                    # The statement above has not arrived (or was set aside): nothing to
+                    # check this node's values against, and nothing to use them for.
+                    continue
+                allowed = {c.commitments[node[-1]] for c in above if node[-1] < c.r}
+                work[pub_id][0].extend(wrong_secrets(node, candidates, allowed, path))
+        return {
+            pub_id: outcome(candidates, blames, None if checks is None else checks.get(pub_id))
+            for pub_id, (blames, _, candidates) in work.items()
+        }
+
+    def _gather(
+        self, pub_id: bytes, path: PathView, seals: SealChecks, audit: bool
+    ) -> tuple[list[Blame], dict[Lineage, list[_Version]], dict[Lineage, dict[bytes, bytes]]]:
+        """One publication's blame so far, versions of each split and leaf candidates."""
         depth = path.depth
         blames: list[Blame] = []
 
@@ -595,21 +643,7 @@ class Assembly:
             node: [_Version(e.commitments, st.k, st.r) for e, st in stated.items()]
             for node, stated in versions.items()
         }
-        for level in range(depth - 1, -1, -1):
-            nodes = sorted(node for node in splits if len(node) == level)
-            for node in _recover_level(nodes, splits, candidates):
-                recover_node(node, splits[node], candidates, path, blames, complete=complete)
-            if level == 0:
-                break
-            for node in nodes:
-                above = splits.get(node[:-1])
-                if not above:
-                    # The statement above has not arrived (or was set aside): nothing to
-                    # check this node's values against, and nothing to use them for.
-                    continue
-                allowed = {split.commitments[node[-1]] for split in above if node[-1] < split.r}
-                blames += wrong_secrets(node, candidates, allowed, path)
-        return outcome(candidates, blames, check)
+        return blames, splits, candidates
 
 
 class _Version(NamedTuple):
@@ -621,23 +655,25 @@ class _Version(NamedTuple):
     r: int
 
 
-def _recover_level(
-    nodes: list[Lineage],
-    splits: Mapping[Lineage, list[_Version]],
-    candidates: dict[Lineage, dict[bytes, bytes]],
-) -> list[Lineage]:
-    """The honest case of a level at once: every node with one version of its split and
-    all r children recovered is rebuilt by one combine over the concatenated children of
-    all such nodes (byte-wise Shamir combines a concatenation as it combines each part),
-    every child checked against the polynomial as
-    :func:`~security.propagation.recover_node` does. Returns the nodes left for it (several
-    versions, missing children, or a group whose children are inconsistent somewhere)."""
-    rest: list[Lineage] = []
-    groups: dict[tuple[int, int], list[tuple[Lineage, list[bytes]]]] = defaultdict(list)
-    for node in nodes:
+_Item = tuple[bytes, dict[Lineage, list[_Version]], dict[Lineage, dict[bytes, bytes]], Lineage]
+"""A node of one level: (publication, its splits, its candidates, node)."""
+_Layer = list[_Item]
+
+
+def _recover_level(layer: _Layer) -> _Layer:
+    """The honest case of a level at once: every node (of any publication) with one version
+    of its split and all r children recovered is rebuilt by one combine over the
+    concatenated children of all such nodes (byte-wise Shamir combines a concatenation as
+    it combines each part), every child checked against the polynomial as
+    :func:`~security.propagation.recover_node` does. Returns the nodes left for it: several
+    versions, missing children, or a group whose children are inconsistent somewhere."""
+    rest: _Layer = []
+    groups: dict[tuple[int, int], list[tuple[_Item, list[bytes]]]] = defaultdict(list)
+    for item in layer:
+        _, splits, candidates, node = item
         versions = splits[node]
         if len(versions) != 1:
-            rest.append(node)
+            rest.append(item)
             continue
         split = versions[0]
         children = []
@@ -647,9 +683,9 @@ def _recover_level(
                 break
             children.append(opening)
         if len(children) != split.r:
-            rest.append(node)
+            rest.append(item)
             continue
-        groups[split.k, split.r].append((node, children))
+        groups[split.k, split.r].append((item, children))
     for (k, r), members in groups.items():
         points = [
             shamir.trusted_share(j + 1, b"".join([c[j][SALT_SIZE:] for _, c in members]))
@@ -658,10 +694,10 @@ def _recover_level(
         try:
             joined = shamir.combine(points, k)
         except shamir.ShareError:
-            rest.extend(node for node, _ in members)
+            rest.extend(item for item, _ in members)
             continue
         at = 0
-        for node, children in members:
+        for (_, _, candidates, node), children in members:
             size = len(children[0]) - SALT_SIZE
             value = joined[at : at + size]
             at += size

@@ -216,6 +216,11 @@ def run(
         pub_id: assembly.reconstruct(pub_id, world.path, seals=seals, complete=True)
         for pub_id in keys
     }
+    # The whole pass at once rebuilds the same keys and names the same brokers.
+    together = assembly.reconstruct_many(keys, world.path, seals=seals, complete=True)
+    assert {p: (r.key, set(r.blame)) for p, r in together.items()} == {
+        p: (r.key, set(r.blame)) for p, r in results.items()
+    }
     blamed = {b for layer in layers for r in layer if r.id not in world.byzantine for b in r.blamed}
     return keys, results, blamed
 
