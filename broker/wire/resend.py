@@ -64,17 +64,21 @@ class RecentFrames:
         runs, size, target = self.runs, self.size, self.budget - self.budget // 8
         while size > target:
             run_size, frames = runs[0]
-            if size - run_size >= target:
+            if size - run_size > target:
                 runs.popleft()
                 size -= run_size
                 continue
-            # Cut the oldest run: the rest of the buffer alone would hold too little.
+            # Cut the oldest run: the rest of the buffer alone would hold too little (or
+            # just enough, and the run may end in frames that fit: empty ones).
             cut = 0
             while size > target:
                 size -= len(frames[cut])
                 run_size -= len(frames[cut])
                 cut += 1
-            runs[0] = (run_size, frames[cut:])
+            if cut == len(frames):
+                runs.popleft()
+            else:
+                runs[0] = (run_size, frames[cut:])
         self.size = size
 
     def take(self) -> list[bytes]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from broker.wire.resend import RecentFrames
@@ -41,6 +41,7 @@ def test_the_newest_frames_that_fit_the_budget_are_kept_oldest_first(
     st.integers(0, 600),
     st.lists(st.lists(st.binary(max_size=120), max_size=12), max_size=30),
 )
+@example(0, [[b"\x00", b""]])  # a trim that dropped a run whose last frame (empty) fits
 def test_frames_kept_a_write_at_a_time_are_the_newest_that_fit_the_budget(
     budget: int, writes: list[list[bytes]]
 ) -> None:
