@@ -1240,7 +1240,8 @@ class Broker:
     def freeze(self, hood: set[str]) -> int:
         """Stop reading from local clients and from links outside ``hood`` (TCP holds the
         rest), so that the neighbourhood's own links can be drained; returns how many
-        streams were asked for a mark.
+        streams are read up to a mark of the round: those asked for one now, and those whose
+        mark arrived before this replica froze (the siblings' ``f + 1`` asked first).
 
         The replicas of this VN each freeze when their own freeze arrives, at different
         points of what they read from outside; a publication read in between would be
@@ -1255,11 +1256,13 @@ class Broker:
         self.frozen = True
         self.frozen_hood = hood
         round_id = self.mark_round
+        early = 0
         for conn in list(self.connections):
             if conn.transport is None or conn.closing or conn.control or conn.peer_id is None:
                 continue
             if "freeze" in conn.holds:
-                continue  # read up to its mark already (before this replica froze)
+                early += 1  # read up to its mark already (before this replica froze)
+                continue
             if conn.is_broker:
                 if self.linked_vn(conn.peer_id) in hood:
                     continue  # drained by the round's markers
@@ -1272,7 +1275,7 @@ class Broker:
                 conn.send(Notice(MARK_NOTICE, {"round": round_id}))
                 continue
             self.hold_back(conn)
-        return len(self.marking)
+        return len(self.marking) + early
 
     def expect_marks(self, round_id: str | None, hood: Collection[str] = ()) -> None:
         """A round over the VNs ``hood`` was prepared here (its marks now hold publishers

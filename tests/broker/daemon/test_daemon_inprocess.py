@@ -137,6 +137,28 @@ async def test_a_link_a_freeze_holds_unread_outlives_the_neighbours_heartbeat_ti
             b2.broker.unfreeze()
 
 
+async def test_a_stream_read_up_to_its_mark_before_the_freeze_counts_as_marked() -> None:
+    """A replica whose siblings asked first reads an outside link up to the round's mark
+    before its own freeze arrives; the freeze then counts that stream as read up to a mark
+    (``/reconfig`` "marked"). It counted nothing: a replica marked early looked as if no
+    stream from outside had ever been marked (tests/system/test_reconfig_byzantine_edge.py
+    failed on that count in CI while delivery was exact)."""
+    async with (
+        serving(id="b2", neighbours=[{"id": "b1", "endpoint": "127.0.0.1:1"}]) as b2,
+        serving(id="b1", neighbours=[{"id": "b2", "endpoint": endpoint(b2)}]) as b1,
+    ):
+        await until(lambda: "b1" in b2.broker.links and "b2" in b1.broker.links)
+        broker = b2.broker
+        broker.expect_marks("b3#1", {"b2", "b3"})  # a round b1 is outside of
+        broker.marked(broker.links["b1"], "b3#1")  # its mark read before the freeze
+        try:
+            assert broker.freeze({"b2", "b3"}) == 1
+            assert not broker.marks_owed()
+        finally:
+            broker.unfreeze()
+            broker.expect_marks(None)
+
+
 async def test_a_control_channel_idle_between_steps_is_not_closed_as_silent() -> None:
     """Between two steps a coordinator waits for its slowest member (a freeze that does not
     drain waits a whole step timeout), longer than three heartbeat intervals when those are
