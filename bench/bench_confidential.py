@@ -627,12 +627,10 @@ def pipeline_breakdown(pubs: int = 60, per_pass: int = 20) -> dict[str, dict[str
     Every broker's and the subscriber's work runs here in turn, so this is the sum of the
     CPU the processes spend on shares, without sockets, frames or the event loop.
     """
-    import cProfile
-    import pstats
     import random
 
     from broker.daemon import shares
-    from security import propagation, shamir
+    from security import propagation
     from security.envelope import Signer, public_key_to_bytes
     from security.paths import KeyAssembly
     from security.propagation import (
@@ -722,6 +720,28 @@ def pipeline_breakdown(pubs: int = 60, per_pass: int = 20) -> dict[str, dict[str
 
         return replace(record, certs=(*record.certs[:-1], cert))
 
+    out: dict[str, dict[str, float]] = {}
+    for label, per in (("one per pass", 1), (f"{per_pass} per pass", per_pass)):
+
+        def run_all(per: int = per) -> None:
+            seq = 1
+            while seq <= pubs:
+                pipeline(seq, per)
+                seq += per
+
+        out[label] = work_breakdown(run_all, pubs)
+    return out
+
+
+def work_breakdown(run: Any, pubs: int) -> dict[str, float]:
+    """µs per publication by kind of work of ``run()`` (which handles ``pubs``
+    publications), and the Ed25519 operations per publication: timed once without the
+    profiler (the total) and once under it (the shares of C calls)."""
+    import cProfile
+    import pstats
+
+    from security import shamir
+
     def per_call(fn: Any, n: int = 2000) -> float:
         t = time.perf_counter()
         for _ in range(n):
@@ -743,45 +763,35 @@ def pipeline_breakdown(pubs: int = 60, per_pass: int = 20) -> dict[str, dict[str
         "SHA-256 (commitments, Merkle, digests)": ("openssl_sha256", "digest' of '_hashlib"),
         "msgpack pack/unpack": ("method 'packb'", "built-in method unpackb", "msgpack"),
     }
-    out: dict[str, dict[str, float]] = {}
-    for label, per in (("one per pass", 1), (f"{per_pass} per pass", per_pass)):
-
-        def run_all(per: int = per) -> None:
-            seq = 1
-            while seq <= pubs:
-                pipeline(seq, per)
-                seq += per
-
-        t0 = time.perf_counter()
-        run_all()
-        wall = (time.perf_counter() - t0) / pubs * 1e6
-        profile = cProfile.Profile()
-        profile.enable()
-        run_all()
-        profile.disable()
-        stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
-        row = dict.fromkeys(kinds, 0.0)
-        calls = {"sign": 0, "verify": 0}
-        shamir_us = 0.0
-        for (filename, _line, func), (_cc, ncalls, tt, _ct, _callers) in stats.items():
-            name = f"{filename}:{func}"
-            if filename.endswith("shamir.py") and func in shamir_cost:
-                shamir_us += ncalls * shamir_cost[func] * 1e6
-                continue
-            for kind, needles in kinds.items():
-                if any(n in name for n in needles):
-                    row[kind] += tt * 1e6
-                    if kind.startswith("Ed25519"):
-                        calls[kind.split()[1]] += ncalls
-                    break
-        row = {k: v / pubs for k, v in row.items()}
-        row["Shamir split/combine"] = shamir_us / pubs
-        row["other Python (records, checks, assembly)"] = wall - sum(row.values())
-        row["total"] = wall
-        row["signs / publication"] = calls["sign"] / pubs
-        row["verifies / publication"] = calls["verify"] / pubs
-        out[label] = row
-    return out
+    t0 = time.perf_counter()
+    run()
+    wall = (time.perf_counter() - t0) / pubs * 1e6
+    profile = cProfile.Profile()
+    profile.enable()
+    run()
+    profile.disable()
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    row = dict.fromkeys(kinds, 0.0)
+    calls = {"sign": 0, "verify": 0}
+    shamir_us = 0.0
+    for (filename, _line, func), (_cc, ncalls, tt, _ct, _callers) in stats.items():
+        name = f"{filename}:{func}"
+        if filename.endswith("shamir.py") and func in shamir_cost:
+            shamir_us += ncalls * shamir_cost[func] * 1e6
+            continue
+        for kind, needles in kinds.items():
+            if any(n in name for n in needles):
+                row[kind] += tt * 1e6
+                if kind.startswith("Ed25519"):
+                    calls[kind.split()[1]] += ncalls
+                break
+    row = {k: v / pubs for k, v in row.items()}
+    row["Shamir split/combine"] = shamir_us / pubs
+    row["other Python (records, checks, assembly)"] = wall - sum(row.values())
+    row["total"] = wall
+    row["signs / publication"] = calls["sign"] / pubs
+    row["verifies / publication"] = calls["verify"] / pubs
+    return row
 
 
 async def orchestrate(args: argparse.Namespace) -> None:

@@ -24,7 +24,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -151,28 +150,44 @@ def main() -> None:
             for v in range(VNS)
         ),
     )
-    from bench_confidential import pipeline_breakdown
+    from bench_confidential import pipeline_breakdown, work_breakdown
 
     print("share work per confidential publication, 3 VN hops, r = 3, one process (µs):")
-    print(
-        "| per pass | by the pass (security.pass_shares) | per record (today's protocol) | ratio |"
-    )
+    print("| per pass | by the pass (security.pass_shares) | per record (today) | ratio |")
     print("|---:|---:|---:|---:|")
     serial = 0
+    rows: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
     for per in (1, 20):
-        passes, today = [], []
+        label = "one per pass" if per == 1 else f"{per} per pass"
+        passes: list[dict[str, float]] = []
+        today: list[dict[str, float]] = []
         for _ in range(args.repeat):
-            t0 = time.perf_counter()
-            done = 0
-            while done < args.pubs:
-                serial += 1
-                pipeline(per, signers, path, serial)
-                done += per
-            passes.append((time.perf_counter() - t0) / done * 1e6)
-            label = "one per pass" if per == 1 else f"{per} per pass"
-            today.append(pipeline_breakdown(args.pubs, per)[label]["total"])
-        m, t = statistics.median(passes), statistics.median(today)
-        print(f"| {per} | {m:,.0f} | {t:,.0f} | {t / m:.1f}x |")
+
+            def run_all(per: int = per) -> None:
+                nonlocal serial
+                done = 0
+                while done < args.pubs:
+                    serial += 1
+                    pipeline(per, signers, path, serial)
+                    done += per
+
+            passes.append(work_breakdown(run_all, args.pubs))
+            today.append(pipeline_breakdown(args.pubs, per)[label])
+        mid = statistics.median(r["total"] for r in passes)
+        mid_today = statistics.median(r["total"] for r in today)
+        print(f"| {per} | {mid:,.0f} | {mid_today:,.0f} | {mid_today / mid:.1f}x |")
+        rows[label] = (_median_row(passes), _median_row(today))
+    print("\nwhere the work goes, µs per publication (medians), by the pass / per record:")
+    labels = list(rows)
+    print("| work | " + " | ".join(f"{lb}: pass | {lb}: record" for lb in labels) + " |")
+    print("|---|" + "---:|" * (2 * len(labels)))
+    for kind in next(iter(rows.values()))[0]:
+        cells = " | ".join(f"{p[kind]:,.1f} | {t[kind]:,.1f}" for p, t in rows.values())
+        print(f"| {kind} | {cells} |")
+
+
+def _median_row(rows: list[dict[str, float]]) -> dict[str, float]:
+    return {kind: statistics.median(r[kind] for r in rows) for kind in rows[0]}
 
 
 if __name__ == "__main__":
