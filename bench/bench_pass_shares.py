@@ -35,10 +35,10 @@ from security.envelope import Signer
 from security.pass_shares import (
     Assembly,
     Held,
-    LeafBatch,
     PassStatement,
     SealChecks,
     entry_problem,
+    leaf_batches,
     open_pass,
     parse_statement,
     root_holdings,
@@ -116,13 +116,8 @@ def pipeline(count: int, signers: dict[str, Signer], path: PathView, serial: int
             if raw not in parsed:
                 parsed.add(raw)
                 assembly.add_statement(parse_statement(raw, signature))
-        by_ref: dict[bytes, list[Held]] = {}
-        for share in party.held.values():
-            by_ref.setdefault(share.parent, []).append(share)
-        for ref, shares in by_ref.items():
-            under = party.under[ref]
-            positions = tuple(under.position(s.pub_id, s.lineage[:-1]) or 0 for s in shares)
-            assembly.add_leaves(me, LeafBatch(ref, positions, b"".join(s.opening for s in shares)))
+        for batch in leaf_batches(party.held.values(), party.under):
+            assembly.add_leaves(me, batch)
     # As the SDK does today: a quick pass (no signature) whose key the AES-GCM tag checks;
     # the audit runs only when the quick pass finds something wrong (or by sample).
     results = assembly.reconstruct_many(

@@ -62,6 +62,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from security import shamir
 from security.envelope import Signer
+from security.paths import vn_path
 from security.propagation import (
     SALT_SIZE,
     Blame,
@@ -85,6 +86,7 @@ __all__ = [
     "SealChecks",
     "claimed_vns",
     "entry_problem",
+    "leaf_batches",
     "open_pass",
     "parse_statement",
     "root_holdings",
@@ -375,20 +377,7 @@ def claimed_vns(
         current, node = above, node[:-1]
     if current.position(entry.pub_id, ()) is None:
         return None
-    path = [first_vn]
-    for depth, splitter in enumerate(reversed(splitters), 1):
-        vn = owner(splitter)
-        if vn is None or (depth == 1 and vn != first_vn):
-            return None
-        if depth > 1:
-            path.append(vn)
-    if entry.node:
-        path.append(holder_vn)
-    elif holder_vn != first_vn:
-        return None
-    if len(set(path)) != len(path):
-        return None
-    return tuple(path)
+    return vn_path(first_vn, splitters[::-1], holder_vn, owner)
 
 
 def open_pass(
@@ -427,6 +416,25 @@ class LeafBatch(NamedTuple):
     ref: bytes
     positions: tuple[int, ...]
     blob: bytes
+
+
+def leaf_batches(held: Iterable[Held], under: Mapping[bytes, PassStatement]) -> list[LeafBatch]:
+    """What a replica of the last VN hands a subscriber for the leaves it ``held``: one
+    batch per statement they came under (``under``: those statements by reference)."""
+    by_ref: dict[bytes, list[Held]] = defaultdict(list)
+    for share in held:
+        by_ref[share.parent].append(share)
+    batches = []
+    for ref, shares in by_ref.items():
+        statement = under[ref]
+        positions = []
+        for share in shares:
+            position = statement.position(share.pub_id, share.lineage[:-1])
+            if position is None:
+                raise PropagationError(f"{share.lineage} did not come under {ref.hex()[:16]}")
+            positions.append(position)
+        batches.append(LeafBatch(ref, tuple(positions), b"".join(s.opening for s in shares)))
+    return batches
 
 
 class Assembly:

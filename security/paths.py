@@ -14,7 +14,7 @@ import logging
 import math
 import random
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 from weakref import WeakKeyDictionary
@@ -117,18 +117,36 @@ def claimed_path(
     h = record.level
     if h < 1 or len(record.certs) != h:
         return None
-    path = [sec.vn]
-    for d in range(1, h):
-        vn = manifest.owner(record.certs[d].splitter)
-        if vn is None or (d == 1 and vn != path[0]):
-            return None
-        if d > 1:
-            path.append(vn)
-    if h > 1:
-        path.append(holder_vn)
-    elif holder_vn != path[0]:
+    splitters = [cert.splitter for cert in record.certs[1:]]
+    path = vn_path(sec.vn, splitters, holder_vn, manifest.owner)
+    if path is None or any(vn not in manifest.members for vn in path):
         return None
-    if len(set(path)) != len(path) or any(vn not in manifest.members for vn in path):
+    return path
+
+
+def vn_path(
+    first_vn: str,
+    splitters: Sequence[str],
+    holder_vn: str,
+    owner: Callable[[str], str | None],
+) -> tuple[str, ...] | None:
+    """The VN path a share says it travelled, from who split it at each level below the
+    publisher (``splitters``, level 1 first), or None when that cannot be a path: VN_1 is
+    the publisher's edge VN (``first_vn``) and must be the first splitter's, VN_j for
+    1 < j <= m the j-th splitter's VN (``owner``), VN_{m+1} the share's holder
+    (``holder_vn``); no VN twice."""
+    path = [first_vn]
+    for depth, splitter in enumerate(splitters, 1):
+        vn = owner(splitter)
+        if vn is None or (depth == 1 and vn != first_vn):
+            return None
+        if depth > 1:
+            path.append(vn)
+    if splitters:
+        path.append(holder_vn)
+    elif holder_vn != first_vn:
+        return None
+    if len(set(path)) != len(path):
         return None
     return tuple(path)
 

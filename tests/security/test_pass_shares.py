@@ -26,6 +26,7 @@ from security.pass_shares import (
     SealChecks,
     claimed_vns,
     entry_problem,
+    leaf_batches,
     open_pass,
     parse_statement,
     root_holdings,
@@ -170,14 +171,7 @@ class Replica:
 
     def leaves(self) -> tuple[list[PassStatement], list[LeafBatch]]:
         """What this last-VN replica hands the subscriber."""
-        by_ref: dict[bytes, list[Held]] = {}
-        for share in self.held.values():
-            by_ref.setdefault(share.parent, []).append(share)
-        batches = []
-        for ref, shares in by_ref.items():
-            statement = self.under[ref]
-            positions = tuple(statement.position(s.pub_id, s.lineage[:-1]) or 0 for s in shares)
-            batches.append(LeafBatch(ref, positions, b"".join(s.opening for s in shares)))
+        batches = leaf_batches(self.held.values(), self.under)
         statements = list(self.relayed.values())
         mode = self.world.byzantine.get(self.id)
         if mode == "drop":
@@ -290,27 +284,19 @@ def test_one_byzantine_replica_per_vn_costs_no_key_and_is_the_only_one_named(
     assert named <= {f"v{level}.1"}
 
 
-def test_an_inconsistent_split_is_named_as_such() -> None:
-    world = World((3, 3), {"v0.2": "inconsistent"})
+@pytest.mark.parametrize(
+    ("byzantine", "mode", "fault"),
+    [
+        ("v0.2", "inconsistent", Fault.INCONSISTENT_SPLIT),  # children on no polynomial
+        ("v0.0", "wrong_secret", Fault.WRONG_SECRET),  # a made-up share split onward
+        ("v0.1", "equivocate", Fault.EQUIVOCATION),  # proven by two signed statements
+    ],
+)
+def test_a_faulty_split_is_named_for_what_it_did(byzantine: str, mode: str, fault: Fault) -> None:
+    world = World((3, 3), {byzantine: mode})
     keys, results, _ = run(world, count=2)
     faults = {(b.broker, b.fault) for r in results.values() for b in r.blame}
-    assert ("v0.2", Fault.INCONSISTENT_SPLIT) in faults
-    assert all(results[p].key == k for p, k in keys.items())
-
-
-def test_a_made_up_share_split_onward_is_a_wrong_secret() -> None:
-    world = World((3, 3), {"v0.0": "wrong_secret"})
-    keys, results, _ = run(world, count=2)
-    faults = {(b.broker, b.fault) for r in results.values() for b in r.blame}
-    assert ("v0.0", Fault.WRONG_SECRET) in faults
-    assert all(results[p].key == k for p, k in keys.items())
-
-
-def test_equivocation_is_proven_by_two_signed_statements() -> None:
-    world = World((3, 3), {"v0.1": "equivocate"})
-    keys, results, _ = run(world, count=1)
-    faults = {(b.broker, b.fault) for r in results.values() for b in r.blame}
-    assert ("v0.1", Fault.EQUIVOCATION) in faults
+    assert (byzantine, fault) in faults
     assert all(results[p].key == k for p, k in keys.items())
 
 
