@@ -138,7 +138,7 @@ class Pacer:
         return True
 
 
-async def run_publisher(endpoints: list[str], pace_fd: int) -> None:
+async def run_publisher(endpoints: list[str], pace_fd: int, share_form: str) -> None:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(
@@ -147,8 +147,10 @@ async def run_publisher(endpoints: list[str], pace_fd: int) -> None:
     pacer = Pacer(reader)
     commands = await stdin_lines()
     async with (
-        Client(endpoints, client_id=PUB_ID) as pub,
-        Client(endpoints, client_id=PUB_ID + "-e", key_refresh=EPOCH) as pub_epoch,
+        Client(endpoints, client_id=PUB_ID, share_form=share_form) as pub,
+        Client(
+            endpoints, client_id=PUB_ID + "-e", key_refresh=EPOCH, share_form=share_form
+        ) as pub_epoch,
     ):
         await pub.advertise(FILTER)
         await pub_epoch.advertise(FILTER)
@@ -830,7 +832,16 @@ async def orchestrate(args: argparse.Namespace) -> None:
             )
             children.append(sub)
             pub = await Child.start(
-                "pub", ["--endpoints", ",".join(overlay.endpoints(names[0])), "--fd", str(rfd)], rfd
+                "pub",
+                [
+                    "--endpoints",
+                    ",".join(overlay.endpoints(names[0])),
+                    "--fd",
+                    str(rfd),
+                    "--share-form",
+                    args.share_form,
+                ],
+                rfd,
             )
             children.append(pub)
             os.close(rfd)
@@ -923,7 +934,17 @@ async def orchestrate(args: argparse.Namespace) -> None:
                 if "WARNING" in line or "ERROR" in line
             ]
     wall = time.monotonic() - started
-    report(results, analytic_bytes(), crypto_costs(), runs, pings, window, seconds, wall)
+    report(
+        results,
+        analytic_bytes(),
+        crypto_costs(),
+        runs,
+        pings,
+        window,
+        seconds,
+        wall,
+        args.share_form,
+    )
     report_replication(results, runs)
     breakdown = pipeline_breakdown()
     print()
@@ -957,6 +978,7 @@ def report(
     window: int,
     seconds: float,
     wall: float,
+    share_form: str = "record",
 ) -> None:
     def med(mode: str, key: str, vn: str | None = None) -> float:
         values = [r[key] if vn is None else r[key][vn] for r in results[mode]]
@@ -984,6 +1006,7 @@ def report(
     plain, conf, epoch = MODES
     print()
     print(f"3-VN line b0-b1-b2, r = {REPLICAS} (9 brokers), 1 -> 1, {PAYLOAD_SIZE}-byte payloads;")
+    print(f"key shares travel by the {share_form} (--share-form)")
     print(
         f"medians of {runs} run(s); per mode and run: {pings} pings, then a {seconds:g} s stream "
         f"with at most {window} publications undelivered"
@@ -1095,6 +1118,12 @@ def main() -> None:
         "--profile-mode", choices=MODES, default="confidential", help="the mode --profile spies on"
     )
     # Child roles (internal).
+    parser.add_argument(
+        "--share-form",
+        choices=("record", "pass"),
+        default="record",
+        help="how the confidential publishers' key shares travel (Client share_form)",
+    )
     parser.add_argument("--role", choices=("pub", "sub"), help=argparse.SUPPRESS)
     parser.add_argument("--endpoints", help=argparse.SUPPRESS)
     parser.add_argument("--manifest", help=argparse.SUPPRESS)
@@ -1108,7 +1137,7 @@ def main() -> None:
     endpoints = args.endpoints.split(",")
     with contextlib.suppress(KeyboardInterrupt, TrellisTimeout):
         if args.role == "pub":
-            asyncio.run(run_publisher(endpoints, args.fd))
+            asyncio.run(run_publisher(endpoints, args.fd, args.share_form))
         else:
             asyncio.run(run_subscriber(endpoints, args.manifest, args.fd, args.queue))
 

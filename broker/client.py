@@ -29,7 +29,7 @@ import socket
 import ssl
 import uuid
 from collections import Counter, OrderedDict, defaultdict
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from functools import partial
@@ -63,8 +63,10 @@ from broker.wire.protocol import (
     Error,
     FrameDecoder,
     Hello,
+    Leaves,
     Message,
     Notice,
+    Pass,
     Ping,
     Pong,
     Publish,
@@ -82,6 +84,8 @@ from broker.wire.resend import RecentFrames
 from overlay.manifest import Manifest
 from security.agreement import Blame, MarkRequests, ReplicatedStream, forget_idle_streams
 from security.envelope import Signer
+from security.pass_keys import PassKeys
+from security.pass_shares import PassStatement, root_holdings, split_pass
 from security.paths import KeyAssembly
 from security.propagation import (
     ChainVerifier,
@@ -694,6 +698,10 @@ class Client:
         key: the private key of ``cert``.
         hello_options: extra HELLO options, e.g. ``{"credentials": ...}`` from
             ``security.topics_credentials.present_credentials`` for secured topics.
+        share_form: how this publisher's key shares travel: ``"record"`` (one record per
+            share with its certificate chain, :mod:`security.propagation`) or ``"pass"``
+            (by the pass, :mod:`security.pass_shares`: one split, statement and frame per
+            splitter, next VN and event-loop pass). Subscribers take either.
 
     Raises:
         InvalidRequest: no endpoint, or a TLS file is missing or does not match.
@@ -721,6 +729,7 @@ class Client:
         cert: str | Path | None = None,
         key: str | Path | None = None,
         hello_options: Mapping[str, object] | None = None,
+        share_form: str = "record",
     ) -> None:
         eps = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not eps:
@@ -807,6 +816,13 @@ class Client:
         self._audits: dict[tuple[str, int], KeyAssembly] = {}
         # (publisher, epoch, path) -> shares checked after the key was recovered
         self._late_audits: dict[tuple[str, int, tuple[str, ...]], int] = {}
+        # Key shares by the pass this client was handed (any publisher's), and the serial
+        # of the root passes it splits.
+        self._passes = PassKeys()
+        if share_form not in ("record", "pass"):
+            raise InvalidRequest(f"share_form must be 'record' or 'pass', got {share_form!r}")
+        self.share_form = share_form
+        self._pass_serial = 0
         if key_refresh < 1:
             raise InvalidRequest("key_refresh must be at least 1 message")
         if first_seq < 1:
@@ -1105,7 +1121,9 @@ class Client:
                 self._unsigned_links.setdefault(link.index, link)
         epoch = self._epoch
         if epoch is None or epoch.expired(self.key_refresh, self.key_refresh_seconds):
-            epoch = self._epoch = EpochKey.start(self.signer, seq, self.vn, self.vn_size)
+            epoch = self._epoch = EpochKey.start(
+                self.signer, seq, self.vn, self.vn_size, by_pass=self.share_form == "pass"
+            )
         unsigned = epoch.prepare(self.signer, seq, attrs, payload)
         if not ack:
             # Signed with the rest of this pass (one signature, verified once per edge
@@ -1116,6 +1134,9 @@ class Client:
             return
         self._sign_pending()
         (sec,) = sign_pass(self.signer, [unsigned])
+        roots = self._root_passes([unsigned])
+        if roots:
+            self._send_root_passes(roots, await self._request_links())
         await self._request_per_link(
             lambda rid, link: self._confidential_publish(rid, seq, attrs, unsigned, sec, link)
         )
@@ -1146,10 +1167,43 @@ class Client:
             return
         secs = sign_pass(self.signer, [unsigned for _, _, unsigned in pending])
         links = list({**handed, **self._links, **self._joining}.values())
+        roots = self._root_passes([unsigned for _, _, unsigned in pending])
+        if roots:
+            self._send_root_passes(roots, links)
         for (seq, attrs, unsigned), sec in zip(pending, secs, strict=True):
             for link in links:
                 with contextlib.suppress(ConnectionLost):
                     link.send(self._confidential_publish(0, seq, attrs, unsigned, sec, link))
+
+    def _root_passes(self, pending: Sequence[Unsigned]) -> list[tuple[PassStatement, list[bytes]]]:
+        """The root splits of the epochs ``pending`` opens by the pass: one statement and
+        one blob per edge replica for all of them (per edge VN and replica count)."""
+        groups: dict[tuple[str, int], list[tuple[bytes, bytes]]] = {}
+        for unsigned in pending:
+            epoch = unsigned.epoch
+            if unsigned.opens and epoch.by_pass:
+                root = (publication_id(self.signer.id, epoch.first_seq), epoch.key)
+                groups.setdefault((epoch.vn, epoch.replicas), []).append(root)
+        passes = []
+        for (vn, r), roots in groups.items():
+            self._pass_serial += 1
+            passes.append(split_pass(self.signer, vn, self._pass_serial, r, root_holdings(roots)))
+        return passes
+
+    @staticmethod
+    def _send_root_passes(
+        roots: list[tuple[PassStatement, list[bytes]]], links: Iterable[_Link]
+    ) -> None:
+        """Each edge replica its blob of the root passes, before the PUBLISHes they key
+        (kept, like them, for a resumed session)."""
+        for link in links:
+            for statement, blobs in roots:
+                if link.replica < len(blobs):
+                    frame = encode(
+                        Pass([], statement.raw, statement.signature, blobs[link.replica])
+                    )
+                    with contextlib.suppress(ConnectionLost):
+                        link.send_raw(frame)
 
     def _mark_asked(self, replica: int, data: Mapping[str, Any]) -> None:
         """A replica of the edge VN asks for a mark of a reconfiguration round: once
@@ -1741,7 +1795,8 @@ class Client:
         if assembly is None:
             assembly = self._assemblies[key] = KeyAssembly(publisher, seq)
             if len(self._assemblies) > _KEY_MEMORY:
-                self._assemblies.popitem(last=False)
+                (old_publisher, old_seq), _ = self._assemblies.popitem(last=False)
+                self._passes.forget(old_publisher, old_seq)
         return assembly
 
     def _blame_copies(self, blames: list[Blame[int]]) -> None:
@@ -1759,6 +1814,15 @@ class Client:
                 continue
             assembly = self._assembly(publisher, seq)
             assembly.add(link.broker_id, record)
+            self._arrived[publisher, seq] = assembly
+
+    def _leaves_arrived(self, link: _Link, msg: Leaves) -> None:
+        """A LEAVES frame: key shares by the pass one replica handed over."""
+        sender = link.broker_id or f"replica #{link.index}"
+        passes = self._passes
+        for publisher, seq in passes.add(sender, msg.statements, msg.batches):
+            assembly = self._assembly(publisher, seq)
+            assembly.passes = passes
             self._arrived[publisher, seq] = assembly
 
     def _share_arrived(self, link: _Link, msg: Share) -> None:
@@ -1851,6 +1915,9 @@ class Client:
         for (publisher, seq), assembly in self._assemblies.items():
             if assembly.key is None:
                 continue  # still reconstructing: every new share is looked at anyway
+            if assembly.passes is not None:
+                self._passes.audit_late(assembly)
+                continue
             for claim, path in assembly.paths.items():
                 mark = (publisher, seq, claim)
                 if path.audited or self._late_audits.get(mark) == len(path.shares):
@@ -1881,6 +1948,8 @@ class Client:
     def key_shares(self, publisher: str, epoch: int) -> int:
         """How many shares of a key epoch (named by its first seq) this client received."""
         assembly = self._assemblies.get((publisher, epoch))
+        if assembly is not None and assembly.passes is not None:
+            return self._passes.leaves(publisher, epoch)
         return len(assembly.shares) if assembly else 0
 
     def _on_message(self, link: _Link, msg: Message) -> None:
@@ -1899,6 +1968,9 @@ class Client:
             return
         if type(msg) is Share:
             self._share_arrived(link, msg)
+            return
+        if type(msg) is Leaves:
+            self._leaves_arrived(link, msg)
             return
         match msg:
             case Ack(rid) | Pong(rid):

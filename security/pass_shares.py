@@ -42,8 +42,10 @@ one event-loop flush), so the per-publication work is a few slices and hashes:
   :data:`~security.propagation.UNPROVEN`); on a statement above, it is blamed on every
   splitter whose validly signed entry names it (it vouched without checking).
 
-Pure functions over plain data: framing, links, timers and silence belong to the caller.
-Not wired into brokers or the SDK yet, which still run :mod:`security.propagation`
+Pure functions over plain data: framing, links, timers and silence belong to the caller
+(:mod:`broker.daemon.passes` in a broker, :mod:`security.pass_keys` in a subscriber). A
+publisher chooses this form with ``Client(share_form="pass")``; the default is still
+:mod:`security.propagation`'s records until this form has every test the records have
 (issue 11; ``bench/bench_pass_shares.py`` measures the two side by side).
 """
 
@@ -480,6 +482,10 @@ class Assembly:
                 (sender, statement, entry, blob[at : at + entry.size])
             )
             at += entry.size
+
+    def leaves(self, pub_id: bytes) -> list[tuple[str, PassStatement, Entry, bytes]]:
+        """The leaves delivered for ``pub_id`` so far: (sender, statement, entry, opening)."""
+        return self._leaves.get(pub_id, [])
 
     def publications(self) -> list[bytes]:
         """Every publication some leaf was delivered for."""

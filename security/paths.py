@@ -205,6 +205,15 @@ class PathShares:
     clean: Reconstruction | None = None
 
 
+class PassRecovery(Protocol):
+    """Recovers an epoch key from shares by the pass (:class:`security.pass_keys.PassKeys`,
+    which imports this module)."""
+
+    def recover(
+        self, keys: KeyAssembly, manifest: Membership, holder_vn: str, *, audit: bool
+    ) -> None: ...
+
+
 @dataclass
 class KeyAssembly:
     """A subscriber's shares of one key epoch, until the key is recovered.
@@ -231,6 +240,9 @@ class KeyAssembly:
     _vote: PathVote = field(default_factory=PathVote)
     _claims: dict[tuple[str, ...], list[tuple[str, ShareRecord]]] = field(default_factory=dict)
     _classified: int = 0
+    # the epoch's shares travel by the pass: who recovers its key from them, and where
+    passes: PassRecovery | None = None
+    _holder_vn: str | None = None
 
     def add(self, sender: str, record: ShareRecord) -> None:
         self.shares.append((sender, record))
@@ -243,6 +255,10 @@ class KeyAssembly:
         caller runs it later, e.g. after handing out the deliveries the key opens, so
         the audit's signature checks are not on the delivery's critical path)."""
         if self.sec is None:
+            return self.key
+        if self.passes is not None:
+            self._manifest, self._holder_vn = manifest, holder_vn
+            self.passes.recover(self, manifest, holder_vn, audit=audit)
             return self.key
         if manifest is not self._manifest:
             if self._manifest is not None:
@@ -381,6 +397,10 @@ class KeyAssembly:
         self.key = None
         self.tentative = False
         self.distrust = True
+        if self.passes is not None:
+            if self._manifest is not None and self._holder_vn is not None:
+                self.passes.recover(self, self._manifest, self._holder_vn, audit=True)
+            return self.open(seq, attrs, sealed) if self.key is not None else None
         for path in self.paths.values():
             path.audited = False
             self._try(path)

@@ -1508,6 +1508,15 @@ def coalition_key(records: Iterable[ShareRecord]) -> bytes | None:
         known[record.lineage] = record.opening
         for cert in record.certs:
             schemes[cert.node] = (cert.k, cert.r)
+    return combine_upward(known, schemes)
+
+
+def combine_upward(
+    known: Mapping[Lineage, bytes], schemes: Mapping[Lineage, tuple[int, int]]
+) -> bytes | None:
+    """:func:`coalition_key` over pooled openings by lineage and the (k, r) of each split
+    (also what a coalition pools from shares by the pass, :mod:`security.pass_shares`)."""
+    known = dict(known)
     changed = True
     while changed and () not in known:
         changed = False

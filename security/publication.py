@@ -83,6 +83,18 @@ def publication_id(publisher: str, seq: int) -> bytes:
     return f"{publisher}/{seq}".encode()
 
 
+def epoch_of(pub_id: bytes) -> tuple[str, int] | None:
+    """The (publisher, seq) a publication id names (:func:`publication_id`'s inverse; a
+    key share's id names its epoch's first seq), or None for anything else."""
+    publisher, _, seq = pub_id.rpartition(b"/")
+    if not publisher or not seq.isdigit():
+        return None
+    try:
+        return publisher.decode(), int(seq)
+    except UnicodeDecodeError:
+        return None
+
+
 @dataclass
 class EpochKey:
     """A publisher's content key for one key epoch, named by the epoch's first seq.
@@ -99,16 +111,24 @@ class EpochKey:
     started: float
     used: int = 0
     replicas: int = 0
+    # the key's root split travels by the pass (:mod:`security.pass_shares`, split by the
+    # client beside the PUBLISH), not as records sealed with the publication's signature
+    by_pass: bool = False
     # the root split of the key, made with the epoch's first publication and sealed with
     # its pass (:func:`sign_pass`), which moves it to ``records``
     _unsealed: list[ShareRecord] = field(default_factory=list, repr=False)
 
     @classmethod
-    def start(cls, signer: Signer, first_seq: int, vn: str, replicas: int) -> EpochKey:
+    def start(
+        cls, signer: Signer, first_seq: int, vn: str, replicas: int, *, by_pass: bool = False
+    ) -> EpochKey:
         """A fresh key; its shares (:attr:`records`) are made when the epoch's first
-        publication is sealed, under the same signature as that publication."""
+        publication is sealed, under the same signature as that publication (``by_pass``:
+        the caller splits the key by the pass instead)."""
         threshold_for(replicas)  # refuse a bad replica count now, not at the first seal
-        return cls(new_key(), first_seq, vn, [], time.monotonic(), replicas=replicas)
+        return cls(
+            new_key(), first_seq, vn, [], time.monotonic(), replicas=replicas, by_pass=by_pass
+        )
 
     def expired(self, messages: int, seconds: float | None) -> bool:
         if self.used >= messages:
@@ -133,7 +153,7 @@ class EpochKey:
         sealed = seal(self.key, pub_id, attrs, payload)
         signed = signed_id(signer.id, seq, self.vn, self.first_seq)
         opens = seq == self.first_seq and not self.records and not self._unsealed
-        if opens:
+        if opens and not self.by_pass:
             r = self.replicas
             self._unsealed = publisher_split_unsealed(
                 self.key, threshold_for(r), r, signer.id, pub_id
@@ -175,11 +195,11 @@ def sign_batch(signer: Signer, pending: Sequence[Unsigned]) -> list[SecBlock]:
     and root share of the pass; a lone publication that opens no epoch keeps a plain
     signature (no Merkle path to carry)."""
     pk = public_key_to_bytes(signer.public_key)
-    if len(pending) == 1 and not pending[0].opens:
+    if len(pending) == 1 and not (pending[0].opens and pending[0].epoch._unsealed):
         (one,) = pending
         sig = signer.sign(one.statement)
         return [SecBlock(pk=pk, sig=sig, vn=one.epoch.vn, epoch=one.epoch.first_seq)]
-    opening = [p.epoch for p in pending if p.opens]
+    opening = [p.epoch for p in pending if p.opens and p.epoch._unsealed]
     certs, seals = seal_batch(
         [epoch._unsealed[0].certs[-1] for epoch in opening],
         signer,

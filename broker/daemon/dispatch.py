@@ -83,6 +83,7 @@ from broker.wire.protocol import (
     LinkState,
     Message,
     Notice,
+    Pass,
     Ping,
     Pong,
     Publish,
@@ -531,6 +532,11 @@ class Connection(asyncio.Protocol):
         if type(msg) is Publish:
             broker.publish(self, msg)
             return
+        if type(msg) is Pass:
+            # The root split of the keys this client publishes under (before their PUBLISH).
+            assert self.peer_id is not None
+            broker.shares.passes.pass_arrived(msg, self.peer_id)
+            return
         if type(msg) not in _HEARTBEATS:
             broker.stats.count_in(type(msg).__name__.lower())
         match msg:
@@ -621,6 +627,10 @@ class Connection(asyncio.Protocol):
         if type(msg) is Shares:
             assert self.peer_id is not None
             broker.shares.batch_arrived(msg, self.peer_id, self)
+            return
+        if type(msg) is Pass:
+            assert self.peer_id is not None
+            broker.shares.passes.pass_arrived(msg, self.peer_id)
             return
         if type(msg) is Share:
             broker.shares.share_arrived(msg.publisher, msg.seq, msg.record, self.peer_id)

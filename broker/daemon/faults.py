@@ -3,7 +3,9 @@
 ``byzantine = drop | corrupt | equivocate | collude`` in a broker's config (or ``trellis up
 --byzantine b1.2=corrupt``) makes the daemon build its forwarder and share relay from the
 subclasses here, which override their hooks. An honest broker never runs a line of this
-module: the hot path has no fault branches.
+module: the hot path has no fault branches. Each share mode acts on key shares by the pass
+(:mod:`broker.daemon.passes`) as on records: a corrupt replica flips its blobs, an
+equivocating one splits each pass twice, a colluding one sends every blob to replica 0.
 
 * ``drop``: routes nothing and passes no key share on (a silent replica).
 * ``corrupt``: flips the bytes of every payload it routes and of every sub-share it sends.
@@ -33,13 +35,15 @@ from typing import Any
 from broker.daemon.config import BrokerConfig, NeighbourConfig
 from broker.daemon.forwarding import Forwarder
 from broker.daemon.hops import Hop, VNHop
+from broker.daemon.passes import PassForwarding
 from broker.daemon.shares import Incoming, SecureForwarding
 from broker.daemon.stats import BrokerStats
 from broker.daemon.traffic_log import open_traffic_log
 from broker.language.filters import Value
 from broker.routing.router import Router
-from broker.wire.protocol import encode_forward
-from security.propagation import ShareRecord, pack_record
+from broker.wire.protocol import Pass, encode_forward
+from security.pass_shares import Held, PassStatement, open_pass, parse_statement
+from security.propagation import PropagationError, ShareRecord, pack_record
 from security.publication import SecBlock
 
 FAULT_DELAY = 0.5
@@ -73,7 +77,14 @@ class _DroppingForwarder(Forwarder):
         return
 
 
+class _DroppingPasses(PassForwarding):
+    def pass_arrived(self, msg: Pass, sender: str) -> None:
+        return
+
+
 class _DroppingShares(SecureForwarding):
+    pass_forwarding = _DroppingPasses
+
     def routed(self, publisher: str, epoch: int, targets: Iterable[Hop], sec: SecBlock) -> None:
         return
 
@@ -189,19 +200,47 @@ class _ReorderingForwarder(Forwarder):
         super().route(*held)
 
 
+PassSends = list[tuple[int, PassStatement, bytes]]
+
+
+class _CorruptingPasses(PassForwarding):
+    def split(self, hop: VNHop, shares: list[Held]) -> PassSends:
+        return [
+            (j, st, bytes(b ^ 0xA5 for b in blob)) for j, st, blob in super().split(hop, shares)
+        ]
+
+
+class _EquivocatingPasses(PassForwarding):
+    def split(self, hop: VNHop, shares: list[Held]) -> PassSends:
+        first, second = super().split(hop, shares), super().split(hop, shares)
+        return [second[j] if j % 2 else first[j] for j in range(len(first))]
+
+
+class _DelayingPasses(PassForwarding):
+    def pass_arrived(self, msg: Pass, sender: str) -> None:
+        late = super().pass_arrived
+        asyncio.get_running_loop().call_later(FAULT_DELAY, lambda: late(msg, sender))
+
+
 class _CorruptingShares(SecureForwarding):
+    pass_forwarding = _CorruptingPasses
+
     def recipients_of(self, subs: list[ShareRecord], replica: int) -> list[ShareRecord]:
         sub = subs[replica]
         return [replace(sub, data=bytes(b ^ 0xA5 for b in sub.data))]
 
 
 class _EquivocatingShares(SecureForwarding):
+    pass_forwarding = _EquivocatingPasses
+
     def split(self, record: ShareRecord, r: int) -> list[ShareRecord]:
         first, second = super().split(record, r), super().split(record, r)
         return [second[j] if j % 2 else first[j] for j in range(r)]
 
 
 class _DelayingShares(SecureForwarding):
+    pass_forwarding = _DelayingPasses
+
     def share_arrived(
         self, publisher: str, epoch: int, raw: Incoming, sender: str | None = None
     ) -> None:
@@ -226,7 +265,35 @@ class _Evidence:
                     out.flush()
 
 
+class _ColludingPasses(PassForwarding):
+    """Every blob to replica 0 of the next VN; every share it opens on the evidence log."""
+
+    def split(self, hop: VNHop, shares: list[Held]) -> PassSends:
+        return [(0, st, blob) for _, st, blob in super().split(hop, shares)]
+
+    def pass_arrived(self, msg: Pass, sender: str) -> None:
+        evidence = self.owner.evidence if isinstance(self.owner, _ColludingShares) else None
+        if evidence is not None:
+            try:
+                statement = parse_statement(msg.statement, msg.signature)
+            except PropagationError:
+                statement = None
+            if statement is not None:
+                held, _ = open_pass(statement, msg.blob, self.owner.replica)
+                for share in held:
+                    line = {
+                        "broker": self.owner.broker_id,
+                        "pub_id": share.pub_id.hex(),
+                        "lineage": list(share.lineage),
+                        "opening": share.opening.hex(),
+                    }
+                    evidence.lines.put(json.dumps(line) + "\n")
+        super().pass_arrived(msg, sender)
+
+
 class _ColludingShares(SecureForwarding):
+    pass_forwarding = _ColludingPasses
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         path = self.config.collude_log

@@ -48,6 +48,7 @@ from typing import TypeVar
 
 from broker.daemon.config import BrokerConfig, NeighbourConfig
 from broker.daemon.hops import Hop, Member, VNHop
+from broker.daemon.passes import PassForwarding
 from broker.daemon.stats import BrokerStats
 from broker.daemon.traffic_log import TrafficLog
 from broker.wire.protocol import Publish, Shares
@@ -113,6 +114,9 @@ have sent a share of it; one that sent none is blamed as silent."""
 
 class SecureForwarding:
     """Per-broker state of confidential publications: epoch shares held, hops served."""
+
+    # Key shares by the pass (a publisher's choice) are handled by this class's instance.
+    pass_forwarding: type[PassForwarding] = PassForwarding
 
     def __init__(
         self,
@@ -188,6 +192,8 @@ class SecureForwarding:
         # (next-hop VN, r) -> shares split toward it with r replicas (a live attach or detach
         # switches r: after the switch, the old count must not grow)
         self.splits_by_scheme: dict[tuple[str, int], int] = {}
+        # Key shares by the pass (a publisher's choice): the same epochs, hops and blame.
+        self.passes = self.pass_forwarding(self)
 
     def adopt_manifest(self, manifest: Manifest) -> None:
         """A new manifest version is in force (replicas attached or detached): verify from
@@ -205,6 +211,8 @@ class SecureForwarding:
                 except (PropagationError, KeyError):
                     continue
                 inbox.rebase(view)
+        for key in self.passes.paths:
+            self.passes.rebase(key)
 
     @property
     def member(self) -> bool:
@@ -216,7 +224,11 @@ class SecureForwarding:
     @property
     def pending(self) -> bool:
         """Whether sub-shares split in this pass wait to be sealed and sent."""
-        return bool(self._outbox)
+        return bool(self._outbox) or self.passes.pending
+
+    def sample_relay(self) -> bool:
+        """Whether to verify the seal of one share relayed unsplit (RELAY_CHECK_ONE_IN)."""
+        return _draw.randrange(RELAY_CHECK_ONE_IN) == 0
 
     @property
     def enabled(self) -> bool:
@@ -273,11 +285,14 @@ class SecureForwarding:
                 self._expect(key)
         served = self._remember(self.served, key)
         held = self.held.get(key, ())
+        new: list[Hop] = []
         for hop in targets:
             if hop not in served:
                 served.append(hop)
+                new.append(hop)
                 for entry in held:
                     self._send(hop, publisher, epoch, entry)
+        self.passes.routed(key, new)
 
     def batch_arrived(self, msg: Shares, sender: str, conn: Member) -> None:
         """A SHARES frame from ``sender`` over ``conn``: every share in it, in order (a
@@ -459,7 +474,7 @@ class SecureForwarding:
             if sender in self.distrusted:
                 if not self._seal_verified(publisher, epoch, entry):
                     return
-            elif _draw.randrange(RELAY_CHECK_ONE_IN) == 0:
+            elif self.sample_relay():
                 self._relay_checks.append((publisher, epoch, entry))
             # Relayed as received, in this pass's SHARES frame to the subscriber.
             self._outbox.append((hop, publisher, epoch, record))
@@ -550,7 +565,9 @@ class SecureForwarding:
         if self._relay_checks:
             # In a later loop iteration: after the broker's write, off the critical path.
             asyncio.get_running_loop().call_soon(self._check_relays)
+        written: dict[Member | Hop, None] = self.passes.flush() if self.passes.pending else {}
         if not outbox:
+            self._write(written, write)
             return
         sealed = self.batch.seal() if self.batch is not None else {}
         stats = self.stats
@@ -567,7 +584,6 @@ class SecureForwarding:
             items.append((publisher, seq, record))
             if cert is not None:
                 stats.shares_forwarded += 1
-        written: dict[Member | Hop, None] = {}
         links = self._certs_out
         recent_of, keep_recent = self._recent, self._keep_recent
         for conn, items in per_conn.items():
@@ -584,6 +600,10 @@ class SecureForwarding:
             for base, certs, entries in link.frames(items):
                 conn.send(Shares(base, certs, entries))
             written[conn] = None
+        self._write(written, write)
+
+    @staticmethod
+    def _write(written: dict[Member | Hop, None], write: bool) -> None:
         if not write:
             return
         # A connection writes what it was sent once per read; this pass ran after the read.
@@ -596,6 +616,7 @@ class SecureForwarding:
         """``conn`` is closed for good: forget its certificate ids and recent shares."""
         self._certs_out.pop(conn, None)
         self._recent.pop(conn, None)
+        self.passes.link_gone(conn)
 
     def resend_recent(self, conn: Member | Hop) -> None:
         """A local client's connection was lost and its session parked on ``conn``: send
@@ -656,11 +677,15 @@ class SecureForwarding:
         """
         heard = self.heard.get(key, ())
         blamed: set[str] = set()
-        for inbox in self.inboxes.get(key, {}).values():
-            for blame in silent_senders(inbox.path, inbox.level, heard):
-                if blame.broker not in blamed:
-                    blamed.add(blame.broker)
-                    self._blame(key, blame.broker, f"{blame.fault}: {blame.detail}", None)
+        silent = [
+            (blame.broker, f"{blame.fault}: {blame.detail}")
+            for inbox in self.inboxes.get(key, {}).values()
+            for blame in silent_senders(inbox.path, inbox.level, heard)
+        ]
+        for broker, why in silent + self.passes.silent(key, heard):
+            if broker not in blamed:
+                blamed.add(broker)
+                self._blame(key, broker, why, None)
 
     # -- hooks (wrapped by broker.daemon.faults on a Byzantine test broker) -----------------
 

@@ -31,6 +31,14 @@ Layouts (``rid`` is a request id the broker echoes in ACK/ERROR; 0 asks for no A
                  (key shares of one pass from one sender; the new certificates take link-wide
                  ids base, base + 1, ...; entries name theirs by id, also ones the link
                  carried in earlier frames; base 0 starts the numbering of a new connection)
+    PASS         [20, [[statement, signature], ...], statement, signature, blob]
+                 (key shares by the pass, :mod:`security.pass_shares`: what one splitter split
+                 toward the receiver in one pass: the statements above those shares that are
+                 new to the link, the pass's own signed statement, and the receiver's blob;
+                 also publisher to edge replica, beside the PUBLISH that opens an epoch)
+    LEAVES       [21, [[statement, signature], ...], [[ref, [position, ...], openings], ...]]
+                 (a replica of the subscriber's VN hands it the leaves it holds: the statements
+                 new to the link, then per statement the entries' positions and openings)
 
 ``sec`` is nil for a plain publication. For a confidential one the payload is AES-GCM
 ciphertext and ``sec`` is a map: ``pk`` (publisher's Ed25519 key), ``sig`` (its signature),
@@ -103,6 +111,8 @@ class MsgType(IntEnum):
     RECONF = 17
     SYNC = 18
     SHARES = 19
+    PASS = 20
+    LEAVES = 21
 
 
 _DELIVER = int(MsgType.DELIVER)
@@ -238,6 +248,35 @@ class Shares:
     entries: list[ShareEntry]
 
 
+Signed = tuple[bytes, bytes]
+"""A pass statement as it travels: its canonical bytes and its splitter's signature."""
+
+
+@dataclass(slots=True)
+class Pass:
+    """Key shares one splitter split toward the receiver in one pass (or a publisher's root
+    split toward its edge replica): the statements above them new to the link, the pass's
+    own statement and signature, and the receiver's blob (its child of every entry)."""
+
+    above: list[Signed]
+    statement: bytes
+    signature: bytes
+    blob: bytes
+
+
+LeafEntry = tuple[bytes, tuple[int, ...], bytes]
+"""Leaves under one statement: its reference, the entries' positions, their openings."""
+
+
+@dataclass(slots=True)
+class Leaves:
+    """Key shares a replica of the subscriber's VN hands it: statements new to the link
+    (every one above the leaves) and the leaves, grouped by the statement they came under."""
+
+    statements: list[Signed]
+    batches: list[LeafEntry]
+
+
 @dataclass(slots=True)
 class Reconf:
     """One step of the live OCBR protocol (lock, prepare, freeze, marker, install, ...)."""
@@ -283,6 +322,8 @@ Message = (
     | Reconf
     | Sync
     | Shares
+    | Pass
+    | Leaves
 )
 
 
@@ -349,6 +390,10 @@ def to_wire(msg: Message) -> list[Any]:
             return [MsgType.SYNC, token, done]
         case Shares(base, certs, entries):
             return [MsgType.SHARES, base, certs, entries]
+        case Pass(above, statement, signature, blob):
+            return [MsgType.PASS, above, statement, signature, blob]
+        case Leaves(statements, batches):
+            return [MsgType.LEAVES, statements, batches]
     raise TypeError(f"not a protocol message: {msg!r}")
 
 
@@ -497,6 +542,8 @@ _LAYOUTS: dict[MsgType, tuple[str, ...]] = {
     MsgType.RECONF: ("op", "data"),
     MsgType.SYNC: ("token", "done"),
     MsgType.SHARES: ("base", "certs", "entries"),
+    MsgType.PASS: ("above", "statement", "signature", "blob"),
+    MsgType.LEAVES: ("statements", "batches"),
 }
 
 
@@ -722,6 +769,61 @@ def _build_shares(name: str, raw: list[Any]) -> Shares:
     return Shares(base, certs, out)
 
 
+def _binary(name: str, field_name: str, value: object) -> bytes:
+    if type(value) is not bytes or not value:
+        raise InvalidRequest(f"{name} field '{field_name}' must be non-empty binary")
+    return value
+
+
+def _signed_list(name: str, field_name: str, value: object) -> list[Signed]:
+    if not isinstance(value, list):
+        raise InvalidRequest(f"{name} field '{field_name}' must be an array")
+    out: list[Signed] = []
+    for item in value:
+        if (
+            not isinstance(item, list)
+            or len(item) != 2
+            or type(item[0]) is not bytes
+            or type(item[1]) is not bytes
+        ):
+            raise InvalidRequest(
+                f"{name} field '{field_name}' must hold [statement, signature] binary pairs"
+            )
+        out.append((item[0], item[1]))
+    return out
+
+
+def _build_pass(name: str, raw: list[Any]) -> Pass:
+    return Pass(
+        _signed_list(name, "above", raw[1]),
+        _binary(name, "statement", raw[2]),
+        _binary(name, "signature", raw[3]),
+        _binary(name, "blob", raw[4]),
+    )
+
+
+def _build_leaves(name: str, raw: list[Any]) -> Leaves:
+    statements = _signed_list(name, "statements", raw[1])
+    batches = raw[2]
+    if not isinstance(batches, list) or not batches:
+        raise InvalidRequest(f"{name} field 'batches' must be a non-empty array")
+    out: list[LeafEntry] = []
+    for batch in batches:
+        if not isinstance(batch, list) or len(batch) != 3:
+            raise InvalidRequest(f"{name} batch must be [ref, [position, ...], openings]")
+        ref, positions, blob = batch
+        if type(ref) is not bytes or type(blob) is not bytes or not blob:
+            raise InvalidRequest(f"{name} batch ref and openings must be binary")
+        if (
+            not isinstance(positions, list)
+            or not positions
+            or not all(type(p) is int and 0 <= p < 2**32 for p in positions)
+        ):
+            raise InvalidRequest(f"{name} batch positions must be a non-empty array of indices")
+        out.append((ref, tuple(positions), blob))
+    return Leaves(statements, out)
+
+
 def _sec(name: str, value: object) -> SecBlock | None:
     """Check the security block of a confidential publication (nil for plain ones)."""
     if value is None:
@@ -832,6 +934,8 @@ _BUILDERS: dict[MsgType, _Builder] = {
     MsgType.RECONF: _build_reconf,
     MsgType.SYNC: _build_sync,
     MsgType.SHARES: _build_shares,
+    MsgType.PASS: _build_pass,
+    MsgType.LEAVES: _build_leaves,
 }
 
 

@@ -20,7 +20,7 @@ from broker.errors import TrellisTimeout
 from broker.tools.local import LocalOverlay, metric_by_label
 from overlay.tree import broker_names, line_tree
 from security.paths import KeyAssembly
-from security.propagation import coalition_key, unpack_record
+from security.propagation import coalition_key, combine_upward, threshold_for, unpack_record
 
 pytestmark = pytest.mark.slow
 
@@ -56,13 +56,17 @@ def recorded_keys(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
 
 
 async def confidential_exchange(
-    overlay: LocalOverlay, count: int, wait: float = 10.0, audit_wait: float = 5.0
+    overlay: LocalOverlay,
+    count: int,
+    wait: float = 10.0,
+    audit_wait: float = 5.0,
+    share_form: str = "record",
 ) -> tuple[list[tuple[int, bytes]], Client]:
     """Publish ``count`` confidential messages at the first VN; what the last VN's
     subscriber decrypted, in order (the subscriber client is returned closed, after up to
     ``audit_wait`` seconds for the shares that trail the deliveries)."""
     vns = sorted(overlay.tree.brokers)
-    pub = Client(overlay.endpoints(vns[0]), client_id="pub")
+    pub = Client(overlay.endpoints(vns[0]), client_id="pub", share_form=share_form)
     sub_client = Client(overlay.endpoints(vns[-1]), client_id="sub", manifest=overlay.manifest)
     async with pub, sub_client, sub_client.subscribe("class = 'secret'") as sub:
         await pub.advertise("class = 'secret'")
@@ -96,18 +100,23 @@ def expected(count: int) -> list[tuple[int, bytes]]:
     return [(i + 1, f"payload {i}".encode()) for i in range(count)]
 
 
-async def test_subscriber_decrypts_every_publication_once_in_order(run_vns) -> None:
+SHARE_FORMS = pytest.mark.parametrize("share_form", ["record", "pass"])
+
+
+@SHARE_FORMS
+async def test_subscriber_decrypts_every_publication_once_in_order(run_vns, share_form) -> None:
     overlay = run_vns([3, 3, 3])
-    got, sub_client = await confidential_exchange(overlay, 20)
+    got, sub_client = await confidential_exchange(overlay, 20, share_form=share_form)
     assert got == expected(20)
     # SPEC §3: a subscriber h VN hops away receives prod(r) shares of each key.
     assert {sub_client.key_shares("pub", seq) for seq, _ in got} == {27}
 
 
+@SHARE_FORMS
 @pytest.mark.parametrize("replicas", [[3, 1, 3], [1, 5], [5, 3]], ids=str)
-async def test_share_count_is_the_product_of_replica_counts(run_vns, replicas) -> None:
+async def test_share_count_is_the_product_of_replica_counts(run_vns, replicas, share_form) -> None:
     overlay = run_vns(replicas)
-    got, sub_client = await confidential_exchange(overlay, 3)
+    got, sub_client = await confidential_exchange(overlay, 3, share_form=share_form)
     assert got == expected(3)
     assert {sub_client.key_shares("pub", seq) for seq, _ in got} == {math.prod(replicas)}
 
@@ -123,10 +132,11 @@ async def test_share_count_is_the_product_of_replica_counts(run_vns, replicas) -
     ],
     ids=["drop", "corrupt", "equivocate", "collude", "mixed"],
 )
-async def test_f_byzantine_replicas_per_vn_cannot_stop_delivery(run_vns, modes) -> None:
+@SHARE_FORMS
+async def test_f_byzantine_replicas_per_vn_cannot_stop_delivery(run_vns, modes, share_form) -> None:
     overrides = {b: {"byzantine": mode} for b, mode in modes.items()}
     overlay = run_vns([3, 3, 3], overrides)
-    got, _ = await confidential_exchange(overlay, 10)
+    got, _ = await confidential_exchange(overlay, 10, share_form=share_form)
     assert got == expected(10)
 
 
@@ -161,31 +171,52 @@ def pooled_records(overlay: LocalOverlay) -> dict[bytes, list[Any]]:
     return pools
 
 
-async def test_f_colluders_per_vn_never_learn_a_key(run_vns, recorded_keys) -> None:
+def pooled_keys(overlay: LocalOverlay, share_form: str) -> dict[bytes, bytes | None]:
+    """What the colluding brokers can compute from the shares they recorded, per
+    publication (every split of the 3-VN path of three replicas is (2, 3))."""
+    if share_form == "record":
+        return {pub: coalition_key(records) for pub, records in pooled_records(overlay).items()}
+    known: dict[bytes, dict[tuple[int, ...], bytes]] = {}
+    for path in overlay.workdir.glob("*.collude.jsonl"):
+        for line in path.read_text().splitlines():
+            item = json.loads(line)
+            pool = known.setdefault(bytes.fromhex(item["pub_id"]), {})
+            pool[tuple(item["lineage"])] = bytes.fromhex(item["opening"])
+    scheme = (threshold_for(3), 3)
+    schemes = dict.fromkeys([(), *((i,) for i in range(3))], scheme)
+    schemes.update({(i, j): scheme for i in range(3) for j in range(3)})
+    return {pub: combine_upward(pool, schemes) for pub, pool in known.items()}
+
+
+@SHARE_FORMS
+async def test_f_colluders_per_vn_never_learn_a_key(run_vns, recorded_keys, share_form) -> None:
     overlay = run_vns([3, 3, 3], {f"b{v}.1": {"byzantine": "collude"} for v in range(3)})
-    got, _ = await confidential_exchange(overlay, 5)
+    got, _ = await confidential_exchange(overlay, 5, share_form=share_form)
     assert got == expected(5)
-    pools = pooled_records(overlay)
+    pools = pooled_keys(overlay, share_form)
     assert len(pools) == 5, "the colluders saw shares of every publication"
-    for records in pools.values():
-        assert coalition_key(records) not in recorded_keys
-        assert coalition_key(records) is None
+    assert set(pools.values()) == {None}
 
 
-async def test_f_plus_1_colluders_in_one_vn_do_learn_the_keys(run_vns, recorded_keys) -> None:
+@SHARE_FORMS
+async def test_f_plus_1_colluders_in_one_vn_do_learn_the_keys(
+    run_vns, recorded_keys, share_form
+) -> None:
     """The control for the test above: a colluding majority in one VN breaks it."""
     overrides = {b: {"byzantine": "collude"} for b in ("b1.0", "b1.1")}
     overlay = run_vns([3, 3, 3], overrides)
-    await confidential_exchange(overlay, 3, wait=2.0)
-    pools = pooled_records(overlay)
-    learned = {coalition_key(records) for records in pools.values()}
+    await confidential_exchange(overlay, 3, wait=2.0, share_form=share_form)
+    learned = set(pooled_keys(overlay, share_form).values())
     assert learned == set(recorded_keys)
 
 
-async def test_key_epoch_sends_shares_once_per_epoch(run_vns) -> None:
+@SHARE_FORMS
+async def test_key_epoch_sends_shares_once_per_epoch(run_vns, share_form) -> None:
     overlay = run_vns([3, 3, 3])
     async with (
-        Client(overlay.endpoints("b0"), client_id="pub", key_refresh=10) as pub,
+        Client(
+            overlay.endpoints("b0"), client_id="pub", key_refresh=10, share_form=share_form
+        ) as pub,
         Client(overlay.endpoints("b2"), client_id="sub", manifest=overlay.manifest) as sc,
         sc.subscribe("class = 'secret'") as sub,
     ):
@@ -203,10 +234,13 @@ async def test_key_epoch_sends_shares_once_per_epoch(run_vns) -> None:
     assert {seq: n for seq, n in shares.items() if n} == {1: 27, 11: 27, 21: 27}
 
 
-async def test_subscriber_joining_mid_epoch_decrypts_the_rest_of_it(run_vns) -> None:
+@SHARE_FORMS
+async def test_subscriber_joining_mid_epoch_decrypts_the_rest_of_it(run_vns, share_form) -> None:
     overlay = run_vns([3, 3])
     async with (
-        Client(overlay.endpoints("b0"), client_id="pub", key_refresh=100) as pub,
+        Client(
+            overlay.endpoints("b0"), client_id="pub", key_refresh=100, share_form=share_form
+        ) as pub,
         Client(overlay.endpoints("b1"), client_id="early", manifest=overlay.manifest) as ec,
         ec.subscribe("class = 'secret'") as early,
     ):
@@ -230,12 +264,15 @@ async def test_subscriber_joining_mid_epoch_decrypts_the_rest_of_it(run_vns) -> 
     assert got == expected(10)[5:]
 
 
-async def test_bad_shares_are_blamed_on_their_producer_in_metrics(run_vns) -> None:
+@SHARE_FORMS
+async def test_bad_shares_are_blamed_on_their_producer_in_metrics(run_vns, share_form) -> None:
     overrides = {"b0.2": {"byzantine": "corrupt"}, "b1.0": {"byzantine": "equivocate"}}
     overlay = run_vns([3, 3, 3], overrides)
     # Every share arrives here (nobody drops), so waiting for them all costs nothing unless
     # the machine is loaded; the attribution needs the equivocator's last shares.
-    got, sub_client = await confidential_exchange(overlay, 4, audit_wait=30.0)
+    got, sub_client = await confidential_exchange(
+        overlay, 4, audit_wait=30.0, share_form=share_form
+    )
     assert got == expected(4)
     # Equivocation shows only when both versions meet: at the subscriber.
     assert sub_client.share_culprits() == {"b1.0"}
@@ -249,7 +286,10 @@ async def test_bad_shares_are_blamed_on_their_producer_in_metrics(run_vns) -> No
     assert all(set(b) <= {"b1.0"} for b in after_equivocator), "no honest broker is blamed"
 
 
-async def test_two_byzantine_of_five_replicas_per_vn_cannot_stop_delivery(run_vns) -> None:
+@SHARE_FORMS
+async def test_two_byzantine_of_five_replicas_per_vn_cannot_stop_delivery(
+    run_vns, share_form
+) -> None:
     """r = 5 tolerates f = 2 per VN, here in mixed modes on a 3-5-5 path."""
     modes = {
         "b0.1": "equivocate",
@@ -259,7 +299,7 @@ async def test_two_byzantine_of_five_replicas_per_vn_cannot_stop_delivery(run_vn
         "b2.4": "collude",
     }
     overlay = run_vns([3, 5, 5], {b: {"byzantine": mode} for b, mode in modes.items()})
-    got, sub_client = await confidential_exchange(overlay, 8)
+    got, sub_client = await confidential_exchange(overlay, 8, share_form=share_form)
     assert got == expected(8)
     assert sub_client.share_culprits() <= set(modes)
 
@@ -270,9 +310,12 @@ def share_verdicts(overlay: LocalOverlay, broker_id: str) -> list[dict[str, Any]
     return [r for r in read_records(root) if r.get("k") == "share"]
 
 
-async def test_a_silent_upstream_replica_is_blamed_once_its_deadline_passed(run_vns) -> None:
+@SHARE_FORMS
+async def test_a_silent_upstream_replica_is_blamed_once_its_deadline_passed(
+    run_vns, share_form
+) -> None:
     overlay = run_vns([3, 3], {"b0.1": {"byzantine": "drop"}})
-    got, _ = await confidential_exchange(overlay, 3)
+    got, _ = await confidential_exchange(overlay, 3, share_form=share_form)
     assert got == expected(3)
 
     def blamed(broker_id: str) -> dict[str, int]:

@@ -19,7 +19,9 @@ from broker.wire.protocol import (
     Error,
     FrameDecoder,
     Hello,
+    Leaves,
     Notice,
+    Pass,
     Ping,
     Pong,
     Publish,
@@ -65,6 +67,9 @@ EXAMPLES = [
             ("c1", 4, b"c1/4", (0, 2), (0, 1), b"t" * 16, b"more"),
         ],
     ),
+    Pass([(b"above", b"s" * 64)], b"statement", b"t" * 64, b"blob"),
+    Pass([], b"statement", b"t" * 64, b"blob"),
+    Leaves([(b"st", b"s" * 64)], [(b"r" * 32, (0, 3), b"openings")]),
 ]
 
 
@@ -189,6 +194,29 @@ def test_a_security_block_with_an_unknown_key_is_refused_naming_it() -> None:
     ],
 )
 def test_a_malformed_shares_frame_is_refused_naming_the_field(body: list, why: str) -> None:
+    raw = msgpack.packb(body, use_bin_type=True)
+    with pytest.raises(InvalidRequest, match=why):
+        list(FrameDecoder().feed(struct.pack(">I", len(raw)) + raw))
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        ([20, {}, b"st", b"sig", b"blob"], "'above' must be an array"),
+        ([20, [[b"st"]], b"st", b"sig", b"blob"], "'above' must hold"),
+        ([20, [[b"st", "sig"]], b"st", b"sig", b"blob"], "'above' must hold"),
+        ([20, [], b"", b"sig", b"blob"], "'statement' must be non-empty binary"),
+        ([20, [], b"st", None, b"blob"], "'signature' must be non-empty binary"),
+        ([20, [], b"st", b"sig", "blob"], "'blob' must be non-empty binary"),
+        ([21, [], []], "'batches' must be a non-empty array"),
+        ([21, [[b"a", b"b", b"c"]], [[b"r", [0], b"o"]]], "'statements' must hold"),
+        ([21, [], [[b"r", [0]]]], r"batch must be \[ref"),
+        ([21, [], [[b"r", [], b"o"]]], "positions must be a non-empty array"),
+        ([21, [], [[b"r", [-1], b"o"]]], "positions must be a non-empty array"),
+        ([21, [], [["r", [0], b"o"]]], "ref and openings must be binary"),
+    ],
+)
+def test_a_malformed_pass_or_leaves_frame_is_refused_naming_the_field(body: list, why: str) -> None:
     raw = msgpack.packb(body, use_bin_type=True)
     with pytest.raises(InvalidRequest, match=why):
         list(FrameDecoder().feed(struct.pack(">I", len(raw)) + raw))

@@ -1,0 +1,447 @@
+"""Key shares by the pass inside one broker (SPEC §3, :mod:`security.pass_shares`).
+
+The bulk form of :class:`~broker.daemon.shares.SecureForwarding`'s per-record forwarding:
+a publisher that splits its keys by the pass (``Client(share_form="pass")``) sends each edge
+replica a ``PASS`` frame (its root statement and blob) beside the PUBLISH, and from there
+every replica keeps, per key epoch, the first share it accepted of each lineage and splits
+every share routed toward a next VN in one :func:`~security.pass_shares.split_pass` per
+(next VN, event-loop pass): one signature, one Shamir split, one frame per next replica. A
+local subscriber is handed the shares themselves (``LEAVES``). Statements travel whole,
+each once per link: the receiver reads the path a share travelled from them
+(:func:`~security.pass_shares.claimed_vns`, adopted once a majority of the sending VN
+vouches for it, :class:`~security.paths.PathVote`).
+
+Checks, as the record form makes them: at once, hashing only (the statement is the
+sender's own and toward this VN, every opening matches its commitment, every entry fits
+the path); the signature of the statement a share came under is verified (once per
+statement) only when this replica splits that share and so vouches for it; a share only
+relayed to local subscribers has it verified by sample (one in
+:data:`~broker.daemon.shares.RELAY_CHECK_ONE_IN`) after the pass's write. Every fault is
+blamed on the sender over the authenticated link: an honest broker sends only its own
+statements, validly signed.
+
+Shared with the record form (``SecureForwarding``): the content's security blocks (which
+epochs were routed here, and along which hops), the blame and traffic-log verdicts, and
+the silence deadline (who sent anything at all for an epoch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, NamedTuple
+
+from broker.daemon.hops import Hop, Member, VNHop
+from broker.wire.protocol import Leaves, Pass, Signed
+from security.pass_shares import (
+    Entry,
+    Held,
+    PassStatement,
+    SealChecks,
+    claimed_vns,
+    entry_problem,
+    leaf_batches,
+    open_pass,
+    parse_statement,
+    split_pass,
+)
+from security.paths import PathVote, path_view
+from security.propagation import PathView, PropagationError, silent_senders
+from security.publication import epoch_of
+
+if TYPE_CHECKING:
+    from broker.daemon.shares import SecureForwarding
+
+log = logging.getLogger("trellis.security")
+
+Key = tuple[str, int]
+Path = tuple[str, ...]
+
+STATEMENT_MEMORY = 1 << 14
+"""Statements a broker keeps by reference (to read paths and to relay them below)."""
+
+LINK_MEMORY = 1 << 13
+"""Statement references a link remembers having carried (each travels once per link)."""
+
+_EPOCH_MEMORY = 4096
+
+
+class Accepted(NamedTuple):
+    """A share this replica holds: the share, the statement it came under, the path it
+    was checked against, and its sender."""
+
+    share: Held
+    statement: PassStatement
+    view: PathView
+    sender: str
+
+
+class _Waiting(NamedTuple):
+    """A share whose epoch's content has not been routed here, or whose path no majority
+    vouched for yet (``claim`` None: not read yet)."""
+
+    share: Held
+    statement: PassStatement
+    entry: Entry
+    sender: str
+    claim: Path | None
+
+
+class PassForwarding:
+    """Per-broker state of key shares by the pass."""
+
+    def __init__(self, owner: SecureForwarding) -> None:
+        self.owner = owner
+        self.statements: OrderedDict[bytes, PassStatement] = OrderedDict()
+        self.seals = SealChecks()
+        # key -> lineage -> the first share of that lineage accepted
+        self.held: OrderedDict[Key, dict[tuple[int, ...], Accepted]] = OrderedDict()
+        self.waiting: OrderedDict[Key, list[_Waiting]] = OrderedDict()
+        # key -> the paths a majority of the sending VN vouched for, and the vote
+        self.paths: OrderedDict[Key, dict[Path, PathView]] = OrderedDict()
+        self.votes: OrderedDict[Key, PathVote] = OrderedDict()
+        # this pass's shares per hop (split toward a next VN, or handed to a subscriber)
+        self._toward: dict[Hop, dict[tuple[bytes, tuple[int, ...]], Accepted]] = {}
+        self._sent: dict[Member | Hop, OrderedDict[bytes, None]] = {}
+        self._relay_checks: list[Accepted] = []
+        self._bad_seals: OrderedDict[bytes, None] = OrderedDict()
+        self._serial = 0
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._toward)
+
+    # -- receiving ----------------------------------------------------------------------------
+
+    def pass_arrived(self, msg: Pass, sender: str) -> None:
+        """A PASS frame from ``sender`` (a broker of the VN before, or the publisher)."""
+        owner = self.owner
+        if not owner.enabled:
+            return
+        for raw, signature in msg.above:
+            if self._learn(raw, signature, sender) is None:
+                return
+        statement = self._learn(msg.statement, msg.signature, sender)
+        if statement is None:
+            return
+        owner.stats.shares_in += len(statement.entries)
+        if statement.splitter != sender or statement.toward != owner.vn:
+            self._blame_sender(
+                statement,
+                sender,
+                f"a statement of {statement.splitter!r} toward {statement.toward!r}",
+            )
+            return
+        shares, bad = open_pass(statement, msg.blob, owner.replica)
+        for entry, why in bad:
+            culprit_key = epoch_of(entry.pub_id) or (sender, 0)
+            owner._blame(culprit_key, sender, f"bad_share: {entry.node}: {why}", sender)
+        for share in shares:
+            key = epoch_of(share.pub_id)
+            position = statement.position(share.pub_id, share.lineage[:-1])
+            if key is None or position is None:
+                continue
+            heard = owner._remember(owner.heard, key)
+            if sender not in heard:
+                heard.append(sender)
+            self._offer(key, _Waiting(share, statement, statement.entries[position], sender, None))
+
+    def _learn(self, raw: bytes, signature: bytes, sender: str) -> PassStatement | None:
+        """Parse a statement (kept by reference); a malformed one is the sender's fault."""
+        try:
+            statement = parse_statement(raw, signature)
+        except PropagationError as exc:
+            self.owner._blame((sender, 0), sender, f"malformed statement: {exc}", sender)
+            return None
+        known = self.statements.get(statement.ref)
+        if known is not None:
+            return known
+        self.statements[statement.ref] = statement
+        if len(self.statements) > STATEMENT_MEMORY:
+            self.statements.popitem(last=False)
+        return statement
+
+    def _blame_sender(self, statement: PassStatement, sender: str, detail: str) -> None:
+        key = epoch_of(statement.entries[0].pub_id) or (sender, 0)
+        self.owner._blame(key, sender, f"bad_share: {detail}", sender)
+
+    def _offer(self, key: Key, item: _Waiting) -> None:
+        owner = self.owner
+        sec = owner.secs.get(key)
+        if sec is None:
+            owner._remember(self.waiting, key).append(item)
+            return
+        claim = item.claim or self._claim(key, item)
+        if claim is None:
+            owner._blame(key, item.sender, "claims no possible path", item.sender)
+            return
+        paths = self.paths.get(key)
+        view = paths.get(claim) if paths is not None else None
+        if view is not None:
+            self._accept(key, item, view)
+            return
+        owner._remember(self.waiting, key).append(item._replace(claim=claim))
+        vote = self.votes.get(key)
+        if vote is None:
+            vote = self.votes[key] = PathVote()
+            if len(self.votes) > _EPOCH_MEMORY:
+                self.votes.popitem(last=False)
+        assert owner.manifest is not None
+        if vote.vouch(owner.manifest, claim, item.sender) is not None:
+            self._open_path(key, claim)
+
+    def _claim(self, key: Key, item: _Waiting) -> Path | None:
+        manifest = self.owner.manifest
+        sec = self.owner.secs.get(key)
+        assert manifest is not None
+        assert sec is not None
+        claim = claimed_vns(
+            item.statement, item.entry, self.statements, manifest.owner, sec.vn, self.owner.vn
+        )
+        if claim is None or any(vn not in manifest.members for vn in claim):
+            return None
+        return claim
+
+    def _open_path(self, key: Key, claim: Path) -> None:
+        owner = self.owner
+        sec = owner.secs[key]
+        assert owner.manifest is not None
+        try:
+            view = path_view(owner.manifest, key[0], sec, claim)
+        except (PropagationError, KeyError) as exc:
+            log.warning("cannot verify shares of %s/%d: %s", key[0], key[1], exc)
+            return
+        paths = self.paths.get(key)
+        if paths is None:
+            paths = self.paths[key] = {}
+            if len(self.paths) > _EPOCH_MEMORY:
+                self.paths.popitem(last=False)
+        paths[claim] = view
+        waiting = self.waiting.pop(key, [])
+        rest = [item for item in waiting if item.claim != claim]
+        if rest:
+            self.waiting[key] = rest
+        for item in waiting:
+            if item.claim == claim:
+                self._accept(key, item, view)
+
+    def _accept(self, key: Key, item: _Waiting, view: PathView) -> None:
+        owner = self.owner
+        problem = entry_problem(item.statement, item.entry, view)
+        if problem is None and len(item.share.lineage) != view.depth:
+            problem = f"a share of level {len(item.share.lineage)} at level {view.depth}"
+        if problem is not None:
+            owner._blame(key, item.sender, f"bad_share: {problem}", item.sender)
+            return
+        held = self.held.get(key)
+        if held is None:
+            held = self.held[key] = {}
+            if len(self.held) > _EPOCH_MEMORY:
+                self.held.popitem(last=False)
+        lineage = item.share.lineage
+        if lineage in held:
+            return  # an honest sender sends each share once; the first one is kept
+        accepted = held[lineage] = Accepted(item.share, item.statement, view, item.sender)
+        owner._log_share(key[0], key[1], item.sender, None, None)
+        for hop in owner.served.get(key, ()):
+            self._queue(hop, accepted)
+
+    # -- routing ------------------------------------------------------------------------------
+
+    def routed(self, key: Key, hops: Iterable[Hop]) -> None:
+        """``key``'s content was routed here (its waiting shares can be read) and on to
+        ``hops`` new to the epoch (they get every share held)."""
+        held = self.held.get(key)
+        if held:
+            for hop in hops:
+                for accepted in held.values():
+                    self._queue(hop, accepted)
+        # (after: a share accepted now goes to every hop served, these included)
+        waiting = self.waiting.pop(key, None)
+        for item in waiting or ():
+            self._offer(key, item)
+
+    def _queue(self, hop: Hop, accepted: Accepted) -> None:
+        if hop.closing:
+            return
+        work = self._toward.get(hop)
+        if work is None:
+            work = self._toward[hop] = {}
+        work[accepted.share.pub_id, accepted.share.lineage] = accepted
+        self.owner._schedule_flush()
+
+    # -- sending ------------------------------------------------------------------------------
+
+    def flush(self) -> dict[Member | Hop, None]:
+        """Split this pass's shares toward each next VN (one statement per VN) and hand
+        local subscribers theirs; returns the connections written to."""
+        toward, self._toward = self._toward, {}
+        written: dict[Member | Hop, None] = {}
+        owner = self.owner
+        for hop, work in toward.items():
+            if hop.closing:
+                continue
+            if isinstance(hop, VNHop):
+                self._split_toward(hop, [a for a in work.values() if self._vouch(a)], written)
+            elif hop.congested:
+                owner.stats.deliveries_dropped += 1
+            else:
+                self._hand(hop, list(work.values()))
+                written[hop] = None
+        if self._relay_checks:
+            asyncio.get_running_loop().call_soon(self._check_relays)
+        return written
+
+    def _split_toward(
+        self, hop: VNHop, work: list[Accepted], written: dict[Member | Hop, None]
+    ) -> None:
+        if not work:
+            return
+        owner = self.owner
+        sends = self.split(hop, [a.share for a in work])
+        stats = owner.stats
+        stats.shares_split += len(work)
+        scheme = (hop.peer_id, hop.size)
+        owner.splits_by_scheme[scheme] = owner.splits_by_scheme.get(scheme, 0) + len(work)
+        above = self._chains(work)
+        replicas = {
+            n.replica: conn
+            for broker_id, conn in hop.members.items()
+            if not conn.closing and (n := owner.neighbours.get(broker_id)) is not None
+        }
+        for replica, statement, blob in sends:
+            conn = replicas.get(replica)
+            if conn is None:
+                continue
+            conn.send(Pass(self._new_to(conn, above), statement.raw, statement.signature, blob))
+            stats.shares_forwarded += len(work)
+            written[conn] = None
+
+    def _hand(self, hop: Hop, work: list[Accepted]) -> None:
+        """A local subscriber's leaves, relayed as received, with the statements above."""
+        owner = self.owner
+        under = {a.statement.ref: a.statement for a in work}
+        batches = leaf_batches([a.share for a in work], under)
+        hop.send(
+            Leaves(
+                self._new_to(hop, self._chains(work)),
+                [(b.ref, b.positions, b.blob) for b in batches],
+            )
+        )
+        owner.stats.shares_delivered += len(work)
+        distrusted = owner.distrusted
+        for accepted in work:
+            if accepted.sender in distrusted or owner.sample_relay():
+                self._relay_checks.append(accepted)
+
+    def _chains(self, work: list[Accepted]) -> list[PassStatement]:
+        """Every statement above the shares of ``work`` (theirs included), each once.
+
+        One statement covers nodes of several parents (a pass splits many), so the walk
+        goes on past a statement already listed; it stops at a (statement, node) already
+        walked, from where the rest of the chain is the same."""
+        found: dict[bytes, PassStatement] = {}
+        walked: set[tuple[bytes, bytes, tuple[int, ...]]] = set()
+        statements = self.statements
+        for accepted in work:
+            statement: PassStatement | None = accepted.statement
+            pub_id = accepted.share.pub_id
+            node = accepted.share.lineage[:-1]
+            while statement is not None:
+                step = (statement.ref, pub_id, node)
+                if step in walked:
+                    break
+                walked.add(step)
+                found[statement.ref] = statement
+                if not node:
+                    break
+                position = statement.position(pub_id, node)
+                if position is None:
+                    break
+                statement = statements.get(statement.entries[position].parent)
+                node = node[:-1]
+        return list(found.values())
+
+    def _new_to(self, conn: Member | Hop, statements: list[PassStatement]) -> list[Signed]:
+        sent = self._sent.get(conn)
+        if sent is None:
+            sent = self._sent[conn] = OrderedDict()
+            for gone in [c for c in self._sent if c.closing]:
+                del self._sent[gone]
+        out: list[Signed] = []
+        for statement in statements:
+            if statement.ref not in sent:
+                sent[statement.ref] = None
+                out.append((statement.raw, statement.signature))
+        while len(sent) > LINK_MEMORY:
+            sent.popitem(last=False)
+        return out
+
+    def _vouch(self, accepted: Accepted) -> bool:
+        """Whether the statement ``accepted`` came under carries its splitter's signature
+        (this replica's own statement will name it). A sender whose signature fails is
+        blamed first-hand and distrusted."""
+        statement = accepted.statement
+        splitter = accepted.view.splitter(accepted.share.lineage[:-1])
+        if self.seals.sealed(statement, splitter.public_key):
+            return True
+        owner = self.owner
+        owner.distrusted.add(accepted.sender)
+        bad = self._bad_seals
+        if statement.ref not in bad:
+            bad[statement.ref] = None
+            if len(bad) > _EPOCH_MEMORY:
+                bad.popitem(last=False)
+            key = epoch_of(accepted.share.pub_id) or (accepted.sender, 0)
+            owner._blame(
+                key,
+                accepted.sender,
+                "bad_share: bad signature on its own pass statement",
+                accepted.sender,
+            )
+        return False
+
+    def _check_relays(self) -> None:
+        checks, self._relay_checks = self._relay_checks, []
+        for accepted in checks:
+            self._vouch(accepted)
+
+    # -- hook (wrapped by broker.daemon.faults on a Byzantine test broker) ---------------
+
+    def split(self, hop: VNHop, shares: list[Held]) -> list[tuple[int, PassStatement, bytes]]:
+        """What the replicas of ``hop`` are sent for ``shares``: (replica, statement, blob)
+        items; honestly, one split of them all, replica ``j`` its blob ``j``."""
+        signer = self.owner.signer
+        assert signer is not None
+        self._serial += 1
+        statement, blobs = split_pass(signer, hop.peer_id, self._serial, hop.size, shares)
+        return [(j, statement, blob) for j, blob in enumerate(blobs)]
+
+    # -- links, manifests, silence --------------------------------------------------------
+
+    def link_gone(self, conn: Member | Hop) -> None:
+        self._sent.pop(conn, None)
+
+    def rebase(self, key: Key) -> None:
+        """Views of ``key``'s paths against a new manifest version."""
+        owner = self.owner
+        sec = owner.secs.get(key)
+        paths = self.paths.get(key)
+        if sec is None or not paths or owner.manifest is None:
+            return
+        for claim in list(paths):
+            try:
+                paths[claim] = path_view(owner.manifest, key[0], sec, claim)
+            except (PropagationError, KeyError):
+                continue
+
+    def silent(self, key: Key, heard: Iterable[str]) -> list[tuple[str, str]]:
+        """(broker, why) for every upstream replica of an agreed path that sent nothing."""
+        heard = list(heard)
+        return [
+            (blame.broker, f"{blame.fault}: {blame.detail}")
+            for view in self.paths.get(key, {}).values()
+            for blame in silent_senders(view, view.depth, heard)
+        ]
