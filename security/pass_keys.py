@@ -24,7 +24,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from security.pass_shares import Assembly, LeafBatch, SealChecks, claimed_vns, parse_statement
+from security.pass_shares import (
+    Assembly,
+    LeafBatch,
+    SealChecks,
+    claimed_vns,
+    parse_statement,
+    statement_ref,
+)
 from security.paths import AUDIT_ONE_IN, PathVote, _draw, path_view
 from security.propagation import PathView, PropagationError, threshold_for
 from security.publication import epoch_of, publication_id
@@ -47,6 +54,8 @@ class _Epoch:
     vote: PathVote = field(default_factory=PathVote)
     paths: dict[tuple[str, ...], PathView] = field(default_factory=dict)
     classified: int = 0
+    senders: set[str] = field(default_factory=set)
+    claimed: set[tuple[str, bytes]] = field(default_factory=set)  # (sender, statement) read
     checked: bool = False  # the complete set was looked at (its leaves then let go)
     audited_at: int = -1  # leaves in at the last late audit (:meth:`PassKeys.audit_late`)
 
@@ -70,6 +79,8 @@ class PassKeys:
         statement names anyone, and reconstruction checks what the leaves need)."""
         assembly = self.assembly
         for raw, signature in statements:
+            if statement_ref(raw, signature) in assembly.statements:
+                continue  # every replica of this VN relays the statements above
             try:
                 assembly.add_statement(parse_statement(raw, signature))
             except PropagationError as exc:
@@ -117,12 +128,17 @@ class PassKeys:
             state = self._epochs[publisher, epoch] = _Epoch()
             if len(self._epochs) > 4 * 4096:
                 self._epochs.popitem(last=False)
-        if state.checked and keys.key is not None:
-            return
+        if keys.key is not None and (state.checked or not audit):
+            return  # (a quick call per delivery: nothing to do until the check)
         pub_id = publication_id(publisher, epoch)
         assembly = self.assembly
         leaves = assembly.leaves(pub_id)
         for sender, statement, entry, _ in leaves[state.classified :]:
+            state.senders.add(sender)
+            read = (sender, statement.ref)
+            if read in state.claimed:
+                continue  # one path per sender and statement is all the vote needs
+            state.claimed.add(read)
             claim = claimed_vns(
                 statement, entry, assembly.statements, manifest.owner, sec.vn, holder_vn
             )
@@ -138,10 +154,9 @@ class PassKeys:
                 except (PropagationError, KeyError) as exc:
                     log.warning("cannot verify shares of %s/%d: %s", publisher, epoch, exc)
         state.classified = len(leaves)
-        senders = {sender for sender, *_ in leaves}
         for view in state.paths.values():
             last = view.vns[-1]
-            if len(senders) < threshold_for(len(last)):
+            if len(state.senders) < threshold_for(len(last)):
                 continue  # each node of the last level needs k of its holders
             complete = len(leaves) >= math.prod(len(vn) for vn in view.vns)
             if keys.key is None:

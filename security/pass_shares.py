@@ -93,6 +93,7 @@ __all__ = [
     "parse_statement",
     "root_holdings",
     "split_pass",
+    "statement_ref",
 ]
 
 Lineage = tuple[int, ...]
@@ -144,7 +145,9 @@ class PassStatement:
         return sum(entry.size for entry in self.entries)
 
 
-def _ref(raw: bytes, signature: bytes) -> bytes:
+def statement_ref(raw: bytes, signature: bytes) -> bytes:
+    """The reference naming a statement with its signature (what child entries name): a
+    receiver that knows it skips parsing the statement again."""
     return _sha256(_REF_TAG + raw + signature).digest()
 
 
@@ -170,7 +173,7 @@ def _statement(
         entries,
         raw,
         signature,
-        _ref(raw, signature),
+        statement_ref(raw, signature),
         positions,
     )
 

@@ -46,6 +46,7 @@ from security.pass_shares import (
     open_pass,
     parse_statement,
     split_pass,
+    statement_ref,
 )
 from security.paths import PathVote, path_view
 from security.propagation import PathView, PropagationError, silent_senders
@@ -108,6 +109,7 @@ class PassForwarding:
         self._relay_checks: list[Accepted] = []
         self._bad_seals: OrderedDict[bytes, None] = OrderedDict()
         self._serial = 0
+        self._claims: dict[tuple[bytes, bytes], Path | None] = {}
 
     @property
     def pending(self) -> bool:
@@ -150,6 +152,9 @@ class PassForwarding:
 
     def _learn(self, raw: bytes, signature: bytes, sender: str) -> PassStatement | None:
         """Parse a statement (kept by reference); a malformed one is the sender's fault."""
+        known = self.statements.get(statement_ref(raw, signature))
+        if known is not None:
+            return known  # (an ancestor reaches a replica once per upstream replica)
         try:
             statement = parse_statement(raw, signature)
         except PropagationError as exc:
@@ -193,6 +198,19 @@ class PassForwarding:
             self._open_path(key, claim)
 
     def _claim(self, key: Key, item: _Waiting) -> Path | None:
+        """The VN path ``item`` says it travelled (None: none it can have). Read once per
+        statement and publication: the path is what the vote is about, and each entry is
+        then checked against the path voted for (:func:`entry_problem`)."""
+        memo = (item.statement.ref, item.share.pub_id)
+        claims = self._claims
+        if memo in claims:
+            return claims[memo]
+        if len(claims) >= STATEMENT_MEMORY:
+            claims.clear()
+        claims[memo] = claim = self._read_claim(key, item)
+        return claim
+
+    def _read_claim(self, key: Key, item: _Waiting) -> Path | None:
         manifest = self.owner.manifest
         sec = self.owner.secs.get(key)
         assert manifest is not None
