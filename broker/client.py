@@ -1842,13 +1842,21 @@ class Client:
         self._refresh_manifest()
         if self.manifest is None or self.vn is None:
             return
+        # Shares by the pass: the epochs of a pass together, one combine per level.
+        by_pass = [a for a in arrived.values() if a.passes is not None and a.key is None]
+        self._passes.recover_many(by_pass, self.manifest, self.vn, audit=False)
+        keyed = {a.publisher: None for a in by_pass if a.key is not None}
         for assembly in arrived.values():
-            had_key = assembly.key is not None
-            assembly.recover(self.manifest, self.vn, audit=False)
-            if assembly.key is not None and not had_key:
-                for sub in list(self._subscriptions.values()):
-                    sub._flush(assembly.publisher)
+            if assembly.passes is None:
+                had_key = assembly.key is not None
+                assembly.recover(self.manifest, self.vn, audit=False)
+                if assembly.key is not None and not had_key:
+                    keyed[assembly.publisher] = None
             self._audit_soon(assembly)
+        # (each subscription hands out what the new keys open, once per publisher)
+        for publisher in keyed:
+            for sub in list(self._subscriptions.values()):
+                sub._flush(publisher)
 
     def _audit_soon(self, assembly: KeyAssembly) -> None:
         """Audit ``assembly`` (every seal, blame) in a later loop iteration: deliveries its
@@ -1864,8 +1872,12 @@ class Client:
         manifest, vn = self.manifest, self.vn
         if manifest is None or vn is None:
             return
+        self._passes.recover_many(
+            [a for a in audits.values() if a.passes is not None], manifest, vn, audit=True
+        )
         for assembly in audits.values():
-            assembly.recover(manifest, vn)
+            if assembly.passes is None:
+                assembly.recover(manifest, vn)
 
     def _refresh_manifest(self) -> None:
         """Load the manifest file again if it changed (a new membership version): shares

@@ -33,7 +33,7 @@ from security.pass_shares import (
     statement_ref,
 )
 from security.paths import AUDIT_ONE_IN, PathVote, _draw, path_view
-from security.propagation import PathView, PropagationError, threshold_for
+from security.propagation import PathView, PropagationError, Reconstruction, threshold_for
 from security.publication import epoch_of, publication_id
 
 if TYPE_CHECKING:
@@ -117,11 +117,58 @@ class PassKeys:
     def recover(
         self, keys: KeyAssembly, manifest: Membership, holder_vn: str, *, audit: bool
     ) -> None:
-        """Recover ``keys``'s epoch key from the leaves in (a quick pass unless ``keys``
-        distrusts it), and once they are all in, check them (``audit``)."""
+        """:meth:`recover_many` for one epoch."""
+        self.recover_many([keys], manifest, holder_vn, audit=audit)
+
+    def recover_many(
+        self, many: Iterable[KeyAssembly], manifest: Membership, holder_vn: str, *, audit: bool
+    ) -> None:
+        """Recover the epoch keys of ``many`` from the leaves in (a quick pass unless an
+        epoch distrusts it), and once an epoch's leaves are all in, check them (``audit``:
+        the check may verify signatures; without it, it waits for a call with it).
+
+        The epochs of one path are rebuilt together (:meth:`Assembly.reconstruct_many`:
+        one combine per level for all of them), as a pass of a stream arrives together."""
+        groups: dict[tuple[int, bool, bool], tuple[PathView, list[tuple[KeyAssembly, _Epoch]]]]
+        groups = {}
+        checks: dict[int, tuple[PathView, list[tuple[KeyAssembly, _Epoch]]]] = {}
+        for keys in many:
+            state = self._classify(keys, manifest, holder_vn, audit)
+            if state is None:
+                continue
+            for view in state.paths.values():
+                if len(state.senders) < threshold_for(len(view.vns[-1])):
+                    continue  # each node of the last level needs k of its holders
+                complete = state.classified >= math.prod(len(vn) for vn in view.vns)
+                if keys.key is None:
+                    group = (id(view), complete, keys.distrust)
+                    groups.setdefault(group, (view, []))[1].append((keys, state))
+                elif audit and complete and not state.checked:
+                    checks.setdefault(id(view), (view, []))[1].append((keys, state))
+        for (_, complete, distrust), (view, members) in groups.items():
+            found = self._reconstruct(members, view, audit=distrust, complete=complete)
+            for (keys, state), result in zip(members, found, strict=True):
+                if distrust:
+                    self._blame(keys, result.culprits)
+                if keys.key is None and result.key is not None:
+                    keys.key, keys.tentative = result.key, not distrust
+                    if complete and (audit or distrust):
+                        # The quick pass over every leaf is the check's own first step.
+                        self._judge(keys, state, view, result, audited=distrust)
+        for view, members in checks.values():
+            waiting = [(keys, state) for keys, state in members if not state.checked]
+            found = self._reconstruct(waiting, view, audit=False, complete=True)
+            for (keys, state), result in zip(waiting, found, strict=True):
+                self._judge(keys, state, view, result, audited=False)
+
+    def _classify(
+        self, keys: KeyAssembly, manifest: Membership, holder_vn: str, audit: bool
+    ) -> _Epoch | None:
+        """Read the paths an epoch's new leaves claim; its state, or None when there is
+        nothing to do (no security block yet, or the key known and not to be checked)."""
         sec = keys.sec
         if sec is None:
-            return
+            return None
         publisher, epoch = keys.publisher, keys.seq
         state = self._epochs.get((publisher, epoch))
         if state is None:
@@ -129,10 +176,9 @@ class PassKeys:
             if len(self._epochs) > 4 * 4096:
                 self._epochs.popitem(last=False)
         if keys.key is not None and (state.checked or not audit):
-            return  # (a quick call per delivery: nothing to do until the check)
-        pub_id = publication_id(publisher, epoch)
+            return None  # (a call per delivery: nothing to do until the check)
         assembly = self.assembly
-        leaves = assembly.leaves(pub_id)
+        leaves = assembly.leaves(publication_id(publisher, epoch))
         for sender, statement, entry, _ in leaves[state.classified :]:
             state.senders.add(sender)
             read = (sender, statement.ref)
@@ -153,34 +199,45 @@ class PassKeys:
                     state.paths[claim] = path_view(manifest, publisher, sec, claim)
                 except (PropagationError, KeyError) as exc:
                     log.warning("cannot verify shares of %s/%d: %s", publisher, epoch, exc)
-        state.classified = len(leaves)
-        for view in state.paths.values():
-            last = view.vns[-1]
-            if len(state.senders) < threshold_for(len(last)):
-                continue  # each node of the last level needs k of its holders
-            complete = len(leaves) >= math.prod(len(vn) for vn in view.vns)
-            if keys.key is None:
-                result = assembly.reconstruct(
-                    pub_id, view, seals=self.seals, audit=keys.distrust, complete=complete
-                )
-                self._blame(keys, result.culprits if keys.distrust else frozenset())
-                if result.key is not None:
-                    keys.key = result.key
-                    keys.tentative = not keys.distrust
-                    if keys.distrust:
-                        state.checked = complete
-                if keys.key is None:
-                    continue
-            if not (audit and complete) or state.checked:
-                continue
-            state.checked = True
-            quick = assembly.reconstruct(pub_id, view, seals=self.seals, audit=False, complete=True)
-            if quick.blame or quick.key != keys.key or _draw.randrange(AUDIT_ONE_IN) == 0:
-                full = assembly.reconstruct(pub_id, view, seals=self.seals, complete=True)
-                self._blame(keys, full.culprits)
-                if full.key is not None and keys.tentative:
-                    keys.key, keys.tentative = full.key, False
-            assembly.forget(pub_id)
+        state.classified = max(state.classified, len(leaves))
+        return state
+
+    def _reconstruct(
+        self,
+        members: list[tuple[KeyAssembly, _Epoch]],
+        view: PathView,
+        *,
+        audit: bool,
+        complete: bool,
+    ) -> list[Reconstruction]:
+        pub_ids = [publication_id(keys.publisher, keys.seq) for keys, _ in members]
+        found = self.assembly.reconstruct_many(
+            pub_ids, view, seals=self.seals, audit=audit, complete=complete
+        )
+        return [found[pub_id] for pub_id in pub_ids]
+
+    def _judge(
+        self,
+        keys: KeyAssembly,
+        state: _Epoch,
+        view: PathView,
+        quick: Reconstruction,
+        *,
+        audited: bool,
+    ) -> None:
+        """The check of an epoch whose every leaf is in, from a pass over all of them:
+        clean (no blame, the same key) and not drawn for an audit, it is done; otherwise
+        every signature is verified and every fault blamed. Its leaves are then let go."""
+        state.checked = True
+        pub_id = publication_id(keys.publisher, keys.seq)
+        if not audited and (
+            quick.blame or quick.key != keys.key or _draw.randrange(AUDIT_ONE_IN) == 0
+        ):
+            full = self.assembly.reconstruct(pub_id, view, seals=self.seals, complete=True)
+            self._blame(keys, full.culprits)
+            if full.key is not None and keys.tentative:
+                keys.key, keys.tentative = full.key, False
+        self.assembly.forget(pub_id)
 
     def audit_late(self, keys: KeyAssembly) -> None:
         """Audit an epoch whose key is known though not every leaf arrived (an upstream
