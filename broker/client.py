@@ -267,17 +267,20 @@ class _Link(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.heard = True
+        client = self.client
+        client._reading = True
         try:
             for msg in self.decoder.feed(data):
-                self.client._on_message(self, msg)
+                client._on_message(self, msg)
         except TrellisError as exc:
             log.warning("broker sent an invalid frame: %s", exc)
             self.fatal = exc
             if self.transport is not None:
                 self.transport.close()
         finally:
-            if self.client._arrived:
-                self.client._recover_arrived()
+            client._reading = False
+            if client._arrived:
+                client._recover_arrived()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.flush()  # keeps what was queued and not written, for a resumed session
@@ -812,6 +815,8 @@ class Client:
         self._assemblies: OrderedDict[tuple[str, int], KeyAssembly] = OrderedDict()
         # epochs whose shares arrived in the current read (tried once it is decoded)
         self._arrived: dict[tuple[str, int], KeyAssembly] = {}
+        # whether a read is being handled (its epochs are tried at its end, together)
+        self._reading = False
         # epochs to audit once this pass's deliveries are out (:meth:`_audit_soon`)
         self._audits: dict[tuple[str, int], KeyAssembly] = {}
         # (publisher, epoch, path) -> shares checked after the key was recovered
@@ -1911,6 +1916,11 @@ class Client:
         assembly = self._assembly(delivery.publisher, delivery.sec.epoch)
         if assembly.sec is None:
             assembly.sec = delivery.sec
+        if assembly.passes is not None and assembly.key is None and self._reading:
+            # Shares by the pass: tried with the rest of the read, at its end (one
+            # reconstruction for the epochs of a pass), which flushes what it opens.
+            self._arrived[delivery.publisher, delivery.sec.epoch] = assembly
+            return None
         assembly.recover(self.manifest, self.vn, audit=False)
         self._audit_soon(assembly)
         return assembly.open(delivery.seq, delivery.attrs, delivery.payload)

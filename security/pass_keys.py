@@ -58,6 +58,7 @@ class _Epoch:
     claimed: set[tuple[str, bytes]] = field(default_factory=set)  # (sender, statement) read
     checked: bool = False  # the complete set was looked at (its leaves then let go)
     audited_at: int = -1  # leaves in at the last late audit (:meth:`PassKeys.audit_late`)
+    tried: tuple[int, bool] = (0, False)  # (leaves, distrust) of the last try without a key
 
 
 class PassKeys:
@@ -141,6 +142,10 @@ class PassKeys:
                     continue  # each node of the last level needs k of its holders
                 complete = state.classified >= math.prod(len(vn) for vn in view.vns)
                 if keys.key is None:
+                    attempt = (state.classified, keys.distrust)
+                    if state.tried == attempt:
+                        continue  # nothing new since the last try (a delivery per copy)
+                    state.tried = attempt
                     group = (id(view), complete, keys.distrust)
                     groups.setdefault(group, (view, []))[1].append((keys, state))
                 elif audit and complete and not state.checked:

@@ -550,7 +550,7 @@ class Assembly:
                 for pub_id, (_, splits, candidates) in work.items()
                 for node in sorted(node for node in splits if len(node) == level)
             ]
-            for pub_id, splits, candidates, node in _recover_level(layer):
+            for pub_id, splits, candidates, node in _recover_level(layer, complete):
                 recover_node(
                     node, splits[node], candidates, path, work[pub_id][0], complete=complete
                 )
@@ -680,15 +680,18 @@ _Item = tuple[bytes, dict[Lineage, list[_Version]], dict[Lineage, dict[bytes, by
 _Layer = list[_Item]
 
 
-def _recover_level(layer: _Layer) -> _Layer:
+def _recover_level(layer: _Layer, complete: bool) -> _Layer:
     """The honest case of a level at once: every node (of any publication) with one version
-    of its split and all r children recovered is rebuilt by one combine over the
-    concatenated children of all such nodes (byte-wise Shamir combines a concatenation as
-    it combines each part), every child checked against the polynomial as
+    of its split and the same children recovered (all r of them, or, while deliveries are
+    still coming, at least k) is rebuilt by one combine over the concatenated children of
+    all such nodes (byte-wise Shamir combines a concatenation as it combines each part),
+    every extra child checked against the polynomial as
     :func:`~security.propagation.recover_node` does. Returns the nodes left for it: several
-    versions, missing children, or a group whose children are inconsistent somewhere."""
+    versions, too few children (or fewer than r once everything is in: a short split is
+    blamed there), or a group whose children are inconsistent somewhere."""
     rest: _Layer = []
-    groups: dict[tuple[int, int], list[tuple[_Item, list[bytes]]]] = defaultdict(list)
+    groups: dict[tuple[int, int, tuple[int, ...]], list[tuple[_Item, list[bytes]]]]
+    groups = defaultdict(list)
     for item in layer:
         _, splits, candidates, node = item
         versions = splits[node]
@@ -696,20 +699,21 @@ def _recover_level(layer: _Layer) -> _Layer:
             rest.append(item)
             continue
         split = versions[0]
+        present: list[int] = []
         children = []
         for j, digest in enumerate(split.commitments):
             opening = candidates.get((*node, j), _NONE).get(digest)
-            if opening is None:
-                break
-            children.append(opening)
-        if len(children) != split.r:
+            if opening is not None:
+                present.append(j)
+                children.append(opening)
+        if len(children) < (split.r if complete else split.k):
             rest.append(item)
             continue
-        groups[split.k, split.r].append((item, children))
-    for (k, r), members in groups.items():
+        groups[split.k, split.r, tuple(present)].append((item, children))
+    for (k, _, indices), members in groups.items():
         points = [
-            shamir.trusted_share(j + 1, b"".join([c[j][SALT_SIZE:] for _, c in members]))
-            for j in range(r)
+            shamir.trusted_share(j + 1, b"".join([c[n][SALT_SIZE:] for _, c in members]))
+            for n, j in enumerate(indices)
         ]
         try:
             joined = shamir.combine(points, k)

@@ -388,6 +388,28 @@ def test_leaves_that_arrive_before_their_statement_wait_for_it() -> None:
         assert assembly.reconstruct(pub_id, world.path, complete=True) == (key, ())
 
 
+@pytest.mark.parametrize("byzantine", [{}, {"v1.0": "corrupt"}, {"v0.2": "equivocate"}])
+def test_k_of_r_holders_leaves_give_every_key_before_the_rest_arrive(
+    byzantine: dict[str, str],
+) -> None:
+    """While deliveries are still coming (complete=False), the leaves of k of the last
+    VN's r replicas rebuild every key, a whole pass at once as one by one, and blame
+    nobody honest for the missing ones."""
+    world = World((3, 3, 3), byzantine)
+    keys = {f"pub/{n}".encode(): os.urandom(32) for n in range(6)}
+    _, statements, deliveries = _deliver(world, keys)
+    partial = [(sender, batch) for sender, batch in deliveries if sender != "v2.1"]
+    assembly = _assembly(statements, partial)
+    together = assembly.reconstruct_many(keys, world.path, audit=False)
+    one_by_one = {p: assembly.reconstruct(p, world.path, audit=False) for p in keys}
+    assert {p: r.key for p, r in together.items()} == keys
+    assert {p: (r.key, set(r.blame)) for p, r in together.items()} == {
+        p: (r.key, set(r.blame)) for p, r in one_by_one.items()
+    }
+    audited = assembly.reconstruct_many(keys, world.path)
+    assert {b.broker for r in audited.values() for b in r.blame} <= set(byzantine)
+
+
 @pytest.mark.parametrize("mode", ["forge", "equivocate", "corrupt"])
 def test_the_quick_pass_checks_no_signature_and_still_gives_the_key(mode: str) -> None:
     """audit=False verifies nothing; what it finds wrong is only a reason to audit."""
