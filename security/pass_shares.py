@@ -457,6 +457,9 @@ class Assembly:
         self._entries: dict[bytes, list[tuple[PassStatement, Entry]]] = defaultdict(list)
         self._leaves: dict[bytes, list[tuple[str, PassStatement, Entry, bytes]]] = defaultdict(list)
         self._waiting: dict[bytes, list[tuple[str, LeafBatch]]] = defaultdict(list)
+        # (sender, statement, position) of every leaf taken, per publication: a leaf
+        # delivered twice (a resumed session is handed its last leaves again) counts once
+        self._taken: dict[bytes, set[tuple[str, bytes, int]]] = defaultdict(set)
 
     def add_statement(self, statement: PassStatement) -> None:
         """Take a relayed statement (again: ignored)."""
@@ -481,9 +484,13 @@ class Assembly:
             if type(position) is not int or not 0 <= position < len(entries):
                 break
             entry = entries[position]
-            self._leaves[entry.pub_id].append(
-                (sender, statement, entry, blob[at : at + entry.size])
-            )
+            taken = self._taken[entry.pub_id]
+            mark = (sender, statement.ref, position)
+            if mark not in taken:
+                taken.add(mark)
+                self._leaves[entry.pub_id].append(
+                    (sender, statement, entry, blob[at : at + entry.size])
+                )
             at += entry.size
 
     def leaves(self, pub_id: bytes) -> list[tuple[str, PassStatement, Entry, bytes]]:
@@ -499,6 +506,7 @@ class Assembly:
         statements stay: they cover other publications too (the caller bounds them)."""
         self._entries.pop(pub_id, None)
         self._leaves.pop(pub_id, None)
+        self._taken.pop(pub_id, None)
 
     def reconstruct(
         self,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -107,6 +107,9 @@ class PassForwarding:
         self._toward: dict[Hop, dict[tuple[bytes, tuple[int, ...]], Accepted]] = {}
         self._sent: dict[Member | Hop, OrderedDict[bytes, None]] = {}
         self._relay_checks: list[Accepted] = []
+        # The leaves each local client was handed last, for its parked session (as the
+        # record form keeps its records: RECENT_SHARES, when sessions linger).
+        self._recent: dict[Hop, deque[Accepted]] = {}
         self._bad_seals: OrderedDict[bytes, None] = OrderedDict()
         self._serial = 0
         self._claims: dict[tuple[bytes, bytes], Path | None] = {}
@@ -349,6 +352,11 @@ class PassForwarding:
             )
         )
         owner.stats.shares_delivered += len(work)
+        if owner.keep_recent:
+            recent = self._recent.get(hop)
+            if recent is None:
+                recent = self._recent[hop] = deque(maxlen=owner.recent_shares)
+            recent.extend(work)
         distrusted = owner.distrusted
         for accepted in work:
             if accepted.sender in distrusted or owner.sample_relay():
@@ -441,6 +449,16 @@ class PassForwarding:
 
     def link_gone(self, conn: Member | Hop) -> None:
         self._sent.pop(conn, None)
+        self._recent.pop(conn, None)
+
+    def resend_recent(self, hop: Hop) -> None:
+        """A local client's connection was lost and its session parked on ``hop``: hand it
+        again the leaves it was handed last, with every statement above them (what the
+        lost connection carried may have died in flight)."""
+        self._sent.pop(hop, None)
+        items = list(self._recent.pop(hop, ()))
+        if items:
+            self._hand(hop, items)
 
     def rebase(self, key: Key) -> None:
         """Views of ``key``'s paths against a new manifest version."""

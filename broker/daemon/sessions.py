@@ -21,7 +21,10 @@ overflows, ends as the connection would have: its routing state is withdrawn.
 
 Key shares travel in SHARES frames whose certificate ids are numbered per connection
 (:class:`~security.propagation.LinkCertsOut`): a parked session's recent share records are
-encoded again from id 0, and the new connection's numbering continues from there.
+encoded again from id 0, and the new connection's numbering continues from there. Shares by
+the pass (``LEAVES``) are handed again with every statement above them
+(:meth:`broker.daemon.passes.PassForwarding.resend_recent`); the client counts a leaf it
+holds twice once.
 """
 
 from __future__ import annotations

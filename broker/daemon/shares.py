@@ -175,6 +175,7 @@ class SecureForwarding:
         # Kept only when sessions are (session_linger > 0).
         self._recent: dict[Member | Hop, deque[tuple[str, int, ShareRecord]]] = {}
         self._keep_recent = config.session_linger > 0
+        self.recent_shares = RECENT_SHARES
         self._certs_in: dict[Member, LinkCertsIn] = {}
         self._flushing = False
         # Splits left for the next pass that writes anyway (SPARE_DELAY), and how many
@@ -220,6 +221,11 @@ class SecureForwarding:
         about to join or just left is not sent every share, so it judges no silence."""
         manifest = self.manifest
         return manifest is not None and self.broker_id in manifest.members.get(self.vn, ())
+
+    @property
+    def keep_recent(self) -> bool:
+        """Whether local clients' recent shares are kept for their parked sessions."""
+        return self._keep_recent
 
     @property
     def pending(self) -> bool:
@@ -623,6 +629,7 @@ class SecureForwarding:
         it again the share records it was sent last, numbering certificate ids afresh
         (whatever carries the session next is a new connection, which numbers from 0)."""
         self._certs_out.pop(conn, None)
+        self.passes.resend_recent(conn)
         items = list(self._recent.pop(conn, ()))
         if not items:
             return

@@ -517,3 +517,15 @@ def test_the_path_of_a_share_is_read_up_its_chain_of_statements() -> None:
     assert claimed_vns(middle, middle.entries[0], {}, owner, "v0", "v1") is None  # no chain
     assert claimed_vns(middle, middle.entries[0], known, owner, "v0", "v1") == ("v0", "v1")
     assert claimed_vns(middle, middle.entries[0], known, owner, "v1", "v1") is None
+
+
+def test_a_leaf_delivered_twice_counts_once() -> None:
+    """A resumed session is handed its last leaves again: they must not make a partial
+    delivery look complete (a short split would then be blamed on an honest splitter)."""
+    world = World((3, 3))
+    keys = {b"pub/1": os.urandom(32)}
+    _, statements, deliveries = _deliver(world, keys)
+    partial = [(sender, batch) for sender, batch in deliveries if sender != "v1.2"]
+    assembly = _assembly(statements, partial + partial)
+    assert len(assembly.leaves(b"pub/1")) == 6
+    assert assembly.reconstruct(b"pub/1", world.path) == (keys[b"pub/1"], ())

@@ -59,13 +59,14 @@ async def stream_with_resets(
     confidential_every: int = 0,
     publisher_side: bool = False,
     idle: float = 15,
+    share_form: str = "record",
 ) -> tuple[list[int], list[tuple[int, bytes]], dict[int, bytes]]:
     """Publish COUNT publications at ~300/s from the first VN; a third of the way in,
     reset the subscriber's connections to the last VN's replicas ``resets`` (the
     publisher's to the first VN's, ``publisher_side``). Returns the seqs sent, what the
     subscriber got, and the payload of every seq."""
     vns = sorted(overlay.tree.brokers)
-    pub = Client(overlay.endpoints(vns[0]), client_id="resume-pub")
+    pub = Client(overlay.endpoints(vns[0]), client_id="resume-pub", share_form=share_form)
     sub_client = Client(
         overlay.endpoints(vns[-1]), client_id="resume-sub", manifest=overlay.manifest
     )
@@ -103,9 +104,13 @@ def assert_exact(sent: list[int], got: list[tuple[int, bytes]], payloads: dict[i
     assert all(payloads[seq] == payload for seq, payload in got), "altered"
 
 
-@pytest.mark.parametrize("confidential_every", [3, 1], ids=["mixed", "confidential"])
+@pytest.mark.parametrize(
+    ("confidential_every", "share_form"),
+    [(3, "record"), (1, "record"), (1, "pass")],
+    ids=["mixed", "confidential", "confidential-by-pass"],
+)
 async def test_a_subscriber_whose_links_to_two_of_three_replicas_reset_loses_nothing(
-    run_overlay: Callable[..., LocalOverlay], confidential_every: int
+    run_overlay: Callable[..., LocalOverlay], confidential_every: int, share_form: str
 ) -> None:
     """With two of three edge links gone only one replica delivers, which is not f + 1:
     without the sessions the publications of the gap could never be agreed on (nor the
@@ -113,23 +118,31 @@ async def test_a_subscriber_whose_links_to_two_of_three_replicas_reset_loses_not
     names = broker_names(2)
     overlay = run_overlay(line_tree(names), replicas=dict.fromkeys(names, 3))
     sent, got, payloads = await stream_with_resets(
-        overlay, [0, 1], confidential_every=confidential_every
+        overlay, [0, 1], confidential_every=confidential_every, share_form=share_form
     )
     assert_exact(sent, got, payloads)
     resumed = [metric(overlay.metrics(f"b1.{i}"), "trellis_sessions_resumed_total") for i in (0, 1)]
     assert resumed == [1.0, 1.0]
 
 
-@pytest.mark.parametrize("confidential_every", [3, 1], ids=["mixed", "confidential"])
+@pytest.mark.parametrize(
+    ("confidential_every", "share_form"),
+    [(3, "record"), (1, "record"), (1, "pass")],
+    ids=["mixed", "confidential", "confidential-by-pass"],
+)
 async def test_a_publisher_whose_links_to_two_of_three_replicas_reset_loses_nothing(
-    run_overlay: Callable[..., LocalOverlay], confidential_every: int
+    run_overlay: Callable[..., LocalOverlay], confidential_every: int, share_form: str
 ) -> None:
     """What the publisher wrote into the two lost connections died in their socket buffers:
     one replica's copies are not f + 1 downstream, so the publisher must send it again."""
     names = broker_names(2)
     overlay = run_overlay(line_tree(names), replicas=dict.fromkeys(names, 3))
     sent, got, payloads = await stream_with_resets(
-        overlay, [0, 1], confidential_every=confidential_every, publisher_side=True
+        overlay,
+        [0, 1],
+        confidential_every=confidential_every,
+        publisher_side=True,
+        share_form=share_form,
     )
     assert_exact(sent, got, payloads)
 
