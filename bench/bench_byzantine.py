@@ -10,7 +10,7 @@ five per VN in mixed modes with r = 5 (f = 2). Every run's deliveries are compar
 what was published: altered, lost, duplicated and reordered publications are counted.
 Not a test:
 
-    .venv/bin/python bench/bench_byzantine.py [--runs 20] [--only corrupt]
+    .venv/bin/python bench/bench_byzantine.py [--runs 20] [--only corrupt] [--share-form pass]
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ CONFIGS: list[tuple[str, int, list[str]]] = [
 ]
 
 
-async def _runs(overlay: object, runs: int) -> tuple[Counter[str], int]:
+async def _runs(overlay: object, runs: int, share_form: str) -> tuple[Counter[str], int]:
     totals: Counter[str] = Counter()
     published = 0
     for run in range(runs):
@@ -49,6 +49,7 @@ async def _runs(overlay: object, runs: int) -> tuple[Counter[str], int]:
                 count,
                 plain_every=plain_every,
                 rate=rate,
+                share_form=share_form,
             )
             totals.update(exchange.faults())
             published += len(exchange.sent)
@@ -59,7 +60,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=20, help="rounds per configuration")
     parser.add_argument("--only", help="run the configurations whose name contains this")
+    parser.add_argument(
+        "--share-form",
+        choices=("record", "pass"),
+        default="record",
+        help="how the publishers' key shares travel (Client share_form)",
+    )
     args = parser.parse_args()
+    print(f"key shares by the {args.share_form}")
     names = broker_names(3)
     print(
         f"{'configuration':<22} {'runs':>4} {'published':>9} {'altered':>7} {'lost':>5} "
@@ -79,7 +87,7 @@ def main() -> int:
             )
             started = time.monotonic()
             try:
-                totals, published = asyncio.run(_runs(overlay, args.runs))
+                totals, published = asyncio.run(_runs(overlay, args.runs, args.share_form))
             finally:
                 overlay.stop()
         bad += sum(totals.values())

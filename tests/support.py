@@ -96,13 +96,20 @@ async def exact_exchange(
     plain_every: int = 1,
     rate: float = 50.0,
     wait: float = 10.0,
+    share_form: str = "record",
 ) -> Exchange:
     """``publisher_id`` at the first VN publishes ``count`` distinct payloads at ``rate``/s
     (every ``plain_every``-th plain, the rest confidential; 0: all confidential); a
     subscriber on every replica of the last VN collects what it is delivered until it has
-    everything or ``wait`` seconds pass without a delivery, then half a second more."""
+    everything or ``wait`` seconds pass without a delivery, then half a second more.
+    ``share_form``: how the publisher's key shares travel (``Client(share_form=...)``)."""
     vns = sorted(overlay.tree.brokers)
-    pub = Client(overlay.endpoints(vns[0]), client_id=publisher_id, **overlay.client_tls())
+    pub = Client(
+        overlay.endpoints(vns[0]),
+        client_id=publisher_id,
+        share_form=share_form,
+        **overlay.client_tls(),
+    )
     sub_client = Client(
         overlay.endpoints(vns[-1]), manifest=overlay.manifest, **overlay.client_tls()
     )

@@ -59,6 +59,10 @@ async def test_one_byzantine_replica_per_vn_alters_loses_duplicates_and_reorders
     assert plain.faults() == CLEAN, plain
     mixed = await exact_exchange(overlay, "mixed-pub", 80, plain_every=4, rate=100)
     assert mixed.faults() == CLEAN, mixed
+    by_pass = await exact_exchange(
+        overlay, "pass-pub", 80, plain_every=4, rate=100, share_form="pass"
+    )
+    assert by_pass.faults() == CLEAN, by_pass
     if mode == "corrupt":
         # the subscriber's own edge VN has a corrupting replica: caught and named
         assert set(plain.blamed) == {"b2.2"}
@@ -72,3 +76,7 @@ async def test_two_byzantine_replicas_per_vn_of_five_in_mixed_modes_change_nothi
     assert plain.faults() == CLEAN, plain
     overlay_modes = await exact_exchange(overlay, "mixed-pub", 80, plain_every=4, rate=100)
     assert overlay_modes.faults() == CLEAN, overlay_modes
+    by_pass = await exact_exchange(
+        overlay, "pass-pub", 80, plain_every=4, rate=100, share_form="pass"
+    )
+    assert by_pass.faults() == CLEAN, by_pass
