@@ -43,9 +43,6 @@ log = logging.getLogger("trellis.security")
 
 Key = tuple[str, int]
 
-STATEMENT_MEMORY = 1 << 14
-"""Statements a subscriber keeps (the oldest quarter goes past it)."""
-
 
 @dataclass
 class _Epoch:
@@ -87,9 +84,6 @@ class PassKeys:
             except PropagationError as exc:
                 log.warning("malformed pass statement from broker %s: %s", sender, exc)
         known = assembly.statements
-        if len(known) > STATEMENT_MEMORY:
-            for stale in list(known)[: STATEMENT_MEMORY // 4]:
-                del known[stale]
         touched: set[Key] = set()
         for ref, positions, blob in batches:
             assembly.add_leaves(sender, LeafBatch(ref, positions, blob))

@@ -53,8 +53,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -86,6 +86,7 @@ __all__ = [
     "LeafBatch",
     "PassStatement",
     "SealChecks",
+    "StatementStore",
     "claimed_vns",
     "entry_problem",
     "leaf_batches",
@@ -442,6 +443,39 @@ def leaf_batches(held: Iterable[Held], under: Mapping[bytes, PassStatement]) -> 
     return batches
 
 
+class StatementStore(Mapping[bytes, PassStatement]):
+    """Statements by reference, the oldest let go once they hold more than ``budget``
+    bytes (a statement of a pass of a stream is kilobytes: a count would bound nothing).
+    What still holds a statement (a share, an entry) keeps it alive by itself; the store is
+    for reading paths up chains and for knowing what was parsed already."""
+
+    def __init__(self, budget: int = 16 << 20) -> None:
+        self.budget = budget
+        self._by_ref: OrderedDict[bytes, PassStatement] = OrderedDict()
+        self._bytes = 0
+
+    def __getitem__(self, ref: bytes) -> PassStatement:
+        return self._by_ref[ref]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._by_ref)
+
+    def __len__(self) -> int:
+        return len(self._by_ref)
+
+    def add(self, statement: PassStatement) -> PassStatement:
+        """Keep ``statement``; the one already kept under its reference if any."""
+        known = self._by_ref.get(statement.ref)
+        if known is not None:
+            return known
+        self._by_ref[statement.ref] = statement
+        self._bytes += len(statement.raw)
+        while self._bytes > self.budget and len(self._by_ref) > 1:
+            _, old = self._by_ref.popitem(last=False)
+            self._bytes -= len(old.raw)
+        return statement
+
+
 class Assembly:
     """A subscriber's statements and leaves, indexed by publication.
 
@@ -453,7 +487,7 @@ class Assembly:
     """
 
     def __init__(self) -> None:
-        self.statements: dict[bytes, PassStatement] = {}
+        self.statements = StatementStore()
         self._entries: dict[bytes, list[tuple[PassStatement, Entry]]] = defaultdict(list)
         self._leaves: dict[bytes, list[tuple[str, PassStatement, Entry, bytes]]] = defaultdict(list)
         self._waiting: dict[bytes, list[tuple[str, LeafBatch]]] = defaultdict(list)
@@ -465,7 +499,7 @@ class Assembly:
         """Take a relayed statement (again: ignored)."""
         if statement.ref in self.statements:
             return
-        self.statements[statement.ref] = statement
+        self.statements.add(statement)
         for entry in statement.entries:
             self._entries[entry.pub_id].append((statement, entry))
         for sender, batch in self._waiting.pop(statement.ref, ()):
@@ -475,7 +509,10 @@ class Assembly:
         """Take the leaves one replica of the last VN delivered (``sender``: its id)."""
         statement = self.statements.get(batch.ref)
         if statement is None:
-            self._waiting[batch.ref].append((sender, batch))
+            waiting = self._waiting
+            if len(waiting) >= _WAITING_LIMIT and batch.ref not in waiting:
+                del waiting[next(iter(waiting))]  # a relay's leaves under nothing ever sent
+            waiting[batch.ref].append((sender, batch))
             return
         entries = statement.entries
         blob = batch.blob
@@ -587,8 +624,11 @@ class Assembly:
         # The entries for this publication under each statement, shapes checked.
         mine: dict[bytes, list[Entry]] = {}
         unfit: set[bytes] = set()
+        # (the statements themselves from the entries: the store may have let one go)
+        statements: dict[bytes, PassStatement] = {}
         for statement, entry in self._entries.get(pub_id, ()):
             ref = statement.ref
+            statements[ref] = statement
             if ref in unfit:
                 continue
             problem = entry_problem(statement, entry, path)
@@ -604,7 +644,6 @@ class Assembly:
 
         # The audit: a bad signature on the last splitting VN's statement proves nothing (its
         # holders relay it unchecked); above, it is the fault of whoever vouched for it.
-        statements = self.statements
         sealed = dict.fromkeys(mine, True)
         if audit:
             for ref, entries in mine.items():
@@ -748,3 +787,5 @@ def _signer(path: PathView, broker: str) -> Ed25519PublicKey | None:
 
 
 _NONE: dict[bytes, bytes] = {}
+_WAITING_LIMIT = 4096
+"""Statements an :class:`Assembly` holds leaves for before they arrive (the oldest let go)."""

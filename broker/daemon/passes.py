@@ -40,6 +40,7 @@ from security.pass_shares import (
     Held,
     PassStatement,
     SealChecks,
+    StatementStore,
     claimed_vns,
     entry_problem,
     leaf_batches,
@@ -60,8 +61,8 @@ log = logging.getLogger("trellis.security")
 Key = tuple[str, int]
 Path = tuple[str, ...]
 
-STATEMENT_MEMORY = 1 << 14
-"""Statements a broker keeps by reference (to read paths and to relay them below)."""
+CLAIM_MEMORY = 1 << 14
+"""Paths read from statements a broker remembers (per statement and publication)."""
 
 LINK_MEMORY = 1 << 13
 """Statement references a link remembers having carried (each travels once per link)."""
@@ -95,7 +96,7 @@ class PassForwarding:
 
     def __init__(self, owner: SecureForwarding) -> None:
         self.owner = owner
-        self.statements: OrderedDict[bytes, PassStatement] = OrderedDict()
+        self.statements = StatementStore()
         self.seals = SealChecks()
         # key -> lineage -> the first share of that lineage accepted
         self.held: OrderedDict[Key, dict[tuple[int, ...], Accepted]] = OrderedDict()
@@ -163,13 +164,7 @@ class PassForwarding:
         except PropagationError as exc:
             self.owner._blame((sender, 0), sender, f"malformed statement: {exc}", sender)
             return None
-        known = self.statements.get(statement.ref)
-        if known is not None:
-            return known
-        self.statements[statement.ref] = statement
-        if len(self.statements) > STATEMENT_MEMORY:
-            self.statements.popitem(last=False)
-        return statement
+        return self.statements.add(statement)
 
     def _blame_sender(self, statement: PassStatement, sender: str, detail: str) -> None:
         key = epoch_of(statement.entries[0].pub_id) or (sender, 0)
@@ -208,7 +203,7 @@ class PassForwarding:
         claims = self._claims
         if memo in claims:
             return claims[memo]
-        if len(claims) >= STATEMENT_MEMORY:
+        if len(claims) >= CLAIM_MEMORY:
             claims.clear()
         claims[memo] = claim = self._read_claim(key, item)
         return claim
