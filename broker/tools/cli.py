@@ -266,6 +266,7 @@ async def _pub(args: argparse.Namespace, endpoints: list[str], tls: dict[str, An
     client = Client(
         endpoints,
         key_refresh=args.key_refresh,
+        share_form=args.share_form,
         first_seq=first_seq_for(args.first_seq, fixed_id=identity["client_id"] is not None),
         **identity,
         **tls,
@@ -841,6 +842,13 @@ def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
         type=POSITIVE_INT,
         default=1,
         help="confidential messages per content key (default: %(default)s)",
+    )
+    p.add_argument(
+        "--share-form",
+        choices=("record", "pass"),
+        default="record",
+        help="how confidential key shares travel: one record per share, or by the pass "
+        "(one split and statement per splitter, next VN and pass) (default: %(default)s)",
     )
     add_tls_arguments(p)
     add_identity_options(p)

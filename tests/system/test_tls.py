@@ -188,12 +188,13 @@ async def test_replicated_overlay_over_tls_delivers_plain_and_confidential_exact
 def cli_exchange(
     tmp_path: Path, sub_args: list[str], pub_args: list[str], word: str
 ) -> tuple[list[str], str]:
-    """``trellis sub SUB_ARGS`` waiting for two deliveries while ``trellis pub PUB_ARGS``
-    publishes ``word`` plain and confidential: the payloads it printed, and its stderr."""
+    """``trellis sub SUB_ARGS`` waiting for three deliveries while ``trellis pub PUB_ARGS``
+    publishes ``word`` plain, confidential, and confidential with its key shares by the
+    pass: the payloads it printed, and its stderr."""
     ready = tmp_path / "sub.ready"
     sub = subprocess.Popen(
         [sys.executable, "-m", "broker", "sub", "class = 'cli'", *sub_args,
-         "--count", "2", "--timeout", "20", "--ready-file", str(ready)],
+         "--count", "3", "--timeout", "20", "--ready-file", str(ready)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -203,7 +204,7 @@ def cli_exchange(
         while not ready.exists() and time.monotonic() < deadline and sub.poll() is None:
             time.sleep(0.05)
         assert ready.exists(), sub.stderr.read() if sub.stderr else ""
-        for flags in ([], ["--confidential"]):
+        for flags in ([], ["--confidential"], ["--confidential", "--share-form", "pass"]):
             pub = trellis(
                 "pub", *pub_args, "--attrs", "class='cli'",
                 "--payload", " ".join([word, *flags]), *flags,
@@ -237,7 +238,7 @@ def test_cli_pub_and_sub_speak_tls_to_an_overlay_started_with_tls(tmp_path: Path
             ["--endpoint", endpoints["b0"], *tls],
             "tls",
         )
-        assert got == ["tls", "tls --confidential"]
+        assert got == ["tls", "tls --confidential", "tls --confidential --share-form pass"]
 
         refused = trellis("pub", "--endpoint", endpoints["b0"], "--attrs", "class='cli'", *tls[:2])
         assert refused.returncode == 2
@@ -262,6 +263,6 @@ def test_cli_pub_and_sub_find_a_vn_of_a_local_overlay_by_dir_and_vn(tmp_path: Pa
         at = ["--dir", str(directory), "--vn"]
         got, err = cli_exchange(tmp_path, [*at, "b1"], [*at, "b0"], "dir")
         assert "at VN b1 of" in err
-        assert got == ["dir", "dir --confidential"]
+        assert got == ["dir", "dir --confidential", "dir --confidential --share-form pass"]
     finally:
         trellis("down", "--dir", str(directory))
