@@ -20,13 +20,15 @@ from __future__ import annotations
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from security.pass_shares import (
     Assembly,
+    Entry,
     LeafBatch,
+    PassStatement,
     SealChecks,
     claimed_vns,
     parse_statement,
@@ -34,7 +36,7 @@ from security.pass_shares import (
 )
 from security.paths import AUDIT_ONE_IN, PathVote, _draw, path_view
 from security.propagation import PathView, PropagationError, Reconstruction, threshold_for
-from security.publication import epoch_of, publication_id
+from security.publication import SecBlock, epoch_of, publication_id
 
 if TYPE_CHECKING:
     from security.paths import KeyAssembly, Membership
@@ -42,6 +44,24 @@ if TYPE_CHECKING:
 log = logging.getLogger("trellis.security")
 
 Key = tuple[str, int]
+
+
+def claimed_pass_path(
+    manifest: Membership,
+    sec: SecBlock,
+    statement: PassStatement,
+    entry: Entry,
+    statements: Mapping[bytes, PassStatement],
+    holder_vn: str,
+) -> tuple[str, ...] | None:
+    """The VN path the children of ``entry`` say they travelled, or None when that cannot
+    be a path of this overlay: :func:`~security.pass_shares.claimed_vns` with the
+    manifest's members, as :func:`security.paths.claimed_path` reads a record's (a broker
+    and a subscriber adopt it once a majority of the sending VN vouches for it)."""
+    claim = claimed_vns(statement, entry, statements, manifest.owner, sec.vn, holder_vn)
+    if claim is None or any(vn not in manifest.members for vn in claim):
+        return None
+    return claim
 
 
 @dataclass
@@ -184,14 +204,10 @@ class PassKeys:
             if read in state.claimed:
                 continue  # one path per sender and statement is all the vote needs
             state.claimed.add(read)
-            claim = claimed_vns(
-                statement, entry, assembly.statements, manifest.owner, sec.vn, holder_vn
+            claim = claimed_pass_path(
+                manifest, sec, statement, entry, assembly.statements, holder_vn
             )
-            if (
-                claim is None
-                or claim in state.paths
-                or any(vn not in manifest.members for vn in claim)
-            ):
+            if claim is None or claim in state.paths:
                 continue
             if state.vote.vouch(manifest, claim, sender) is not None:
                 try:

@@ -35,13 +35,13 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from broker.daemon.hops import Hop, Member, VNHop
 from broker.wire.protocol import Leaves, Pass, Signed
+from security.pass_keys import claimed_pass_path
 from security.pass_shares import (
     Entry,
     Held,
     PassStatement,
     SealChecks,
     StatementStore,
-    claimed_vns,
     entry_problem,
     leaf_batches,
     open_pass,
@@ -140,6 +140,14 @@ class PassForwarding:
                 f"a statement of {statement.splitter!r} toward {statement.toward!r}",
             )
             return
+        # The sender is heard about every epoch its pass names, good shares or not (as a
+        # record is heard before it is checked): silence is blamed only on silence.
+        for pub_id in {entry.pub_id for entry in statement.entries}:
+            named = epoch_of(pub_id)
+            if named is not None:
+                heard = owner._remember(owner.heard, named)
+                if sender not in heard:
+                    heard.append(sender)
         shares, bad = open_pass(statement, msg.blob, owner.replica)
         for entry, why in bad:
             culprit_key = epoch_of(entry.pub_id) or (sender, 0)
@@ -149,9 +157,6 @@ class PassForwarding:
             position = statement.position(share.pub_id, share.lineage[:-1])
             if key is None or position is None:
                 continue
-            heard = owner._remember(owner.heard, key)
-            if sender not in heard:
-                heard.append(sender)
             self._offer(key, _Waiting(share, statement, statement.entries[position], sender, None))
 
     def _learn(self, raw: bytes, signature: bytes, sender: str) -> PassStatement | None:
@@ -213,12 +218,9 @@ class PassForwarding:
         sec = self.owner.secs.get(key)
         assert manifest is not None
         assert sec is not None
-        claim = claimed_vns(
-            item.statement, item.entry, self.statements, manifest.owner, sec.vn, self.owner.vn
+        return claimed_pass_path(
+            manifest, sec, item.statement, item.entry, self.statements, self.owner.vn
         )
-        if claim is None or any(vn not in manifest.members for vn in claim):
-            return None
-        return claim
 
     def _open_path(self, key: Key, claim: Path) -> None:
         owner = self.owner
