@@ -813,6 +813,8 @@ class Client:
         self.vn: str | None = None
         self.vn_size = len(self.endpoints)
         self._assemblies: OrderedDict[tuple[str, int], KeyAssembly] = OrderedDict()
+        # each publisher's newest epoch, kept when _assemblies lets it go (see _assembly)
+        self._newest_epochs: OrderedDict[str, KeyAssembly] = OrderedDict()
         # epochs whose shares arrived in the current read (tried once it is decoded)
         self._arrived: dict[tuple[str, int], KeyAssembly] = {}
         # whether a read is being handled (its epochs are tried at its end, together)
@@ -1795,12 +1797,28 @@ class Client:
             self._epoch = None
 
     def _assembly(self, publisher: str, seq: int) -> KeyAssembly:
+        """The key assembly of an epoch. Past ``_KEY_MEMORY`` epochs the one used longest
+        ago goes, except each publisher's newest: a long epoch still in use keeps its key
+        however many short ones come and go meanwhile (its shares are not sent again)."""
         key = (publisher, seq)
-        assembly = self._assemblies.get(key)
-        if assembly is None:
-            assembly = self._assemblies[key] = KeyAssembly(publisher, seq)
-            if len(self._assemblies) > _KEY_MEMORY:
-                (old_publisher, old_seq), _ = self._assemblies.popitem(last=False)
+        assemblies = self._assemblies
+        assembly = assemblies.get(key)
+        if assembly is not None:
+            assemblies.move_to_end(key)
+            return assembly
+        newest = self._newest_epochs.get(publisher)
+        if newest is not None and newest.seq == seq:
+            assembly = assemblies[key] = newest
+        else:
+            assembly = assemblies[key] = KeyAssembly(publisher, seq)
+            if newest is None or seq > newest.seq:
+                self._newest_epochs[publisher] = assembly
+                self._newest_epochs.move_to_end(publisher)
+                if len(self._newest_epochs) > _KEY_MEMORY:
+                    self._newest_epochs.popitem(last=False)
+        if len(assemblies) > _KEY_MEMORY:
+            (old_publisher, old_seq), old = assemblies.popitem(last=False)
+            if self._newest_epochs.get(old_publisher) is not old:
                 self._passes.forget(old_publisher, old_seq)
         return assembly
 

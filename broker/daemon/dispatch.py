@@ -535,6 +535,15 @@ class Connection(asyncio.Protocol):
         if type(msg) is Pass:
             # The root split of the keys this client publishes under (before their PUBLISH).
             assert self.peer_id is not None
+            if not broker.shares.enabled:
+                self.reject(
+                    0,
+                    InvalidRequest(
+                        "PASS: this broker has no key or manifest: confidential forwarding "
+                        "is disabled"
+                    ),
+                )
+                return
             broker.shares.passes.pass_arrived(msg, self.peer_id)
             return
         if type(msg) not in _HEARTBEATS:

@@ -12,15 +12,21 @@ from typing import Any
 
 import pytest
 
+import broker.client
 import security.publication
 from analytics.schema import read_records
 from broker.client import Client
 from broker.daemon.shares import SILENCE_DEADLINE
 from broker.errors import TrellisTimeout
 from broker.tools.local import LocalOverlay, metric_by_label
+from broker.wire.protocol import MsgType, Pong
 from overlay.tree import broker_names, line_tree
+from security.envelope import Signer
+from security.pass_shares import root_holdings, split_pass
 from security.paths import KeyAssembly
 from security.propagation import coalition_key, combine_upward, threshold_for, unpack_record
+from security.publication import publication_id
+from tests.wire import RawPeer
 
 pytestmark = pytest.mark.slow
 
@@ -302,6 +308,63 @@ async def test_two_byzantine_of_five_replicas_per_vn_cannot_stop_delivery(
     got, sub_client = await confidential_exchange(overlay, 8, share_form=share_form)
     assert got == expected(8)
     assert sub_client.share_culprits() <= set(modes)
+
+
+async def test_a_garbled_or_misaddressed_pass_is_blamed_on_its_sender_who_stays_served(
+    run_vns,
+) -> None:
+    """Key shares by the pass from a client: a statement that does not parse, or one that
+    is not the sender's own, is blamed on the sender (an honest sender sends only its own
+    statements, validly formed); its connection stays open and a real exchange goes on."""
+    overlay = run_vns([3, 3])
+    endpoint = overlay.endpoints("b0")[0]
+    peer = await RawPeer.connect(endpoint)
+    await peer.hello("mallory")
+    await peer.send(MsgType.PASS, [[b"junk", b"sig"]], b"\x93\x01", b"s" * 64, b"blob")
+    other = Signer.generate("somebody-else")
+    statement, blobs = split_pass(
+        other, "b0", 1, 3, root_holdings([(publication_id("mallory", 1), bytes(32))])
+    )
+    await peer.send(MsgType.PASS, [], statement.raw, statement.signature, blobs[0])
+    await peer.send(MsgType.PING, 5)
+    assert await peer.receive() == Pong(5)
+
+    def blamed() -> dict[str, int]:
+        return metric_by_label(overlay.metrics("b0.0"), "trellis_share_blame_total", "culprit")
+
+    assert await asyncio.to_thread(blamed) == {"mallory": 2}
+    got, _ = await confidential_exchange(overlay, 3, share_form="pass")
+    assert got == expected(3)
+    await peer.close()
+
+
+@SHARE_FORMS
+async def test_a_long_key_epoch_keeps_its_key_while_many_short_ones_come_and_go(
+    run_vns, monkeypatch, share_form
+) -> None:
+    """A subscriber keeps a bounded number of epochs; a publisher's current epoch is kept
+    past the bound (its shares travel once), however many other epochs pass meanwhile."""
+    monkeypatch.setattr(broker.client, "_KEY_MEMORY", 8)
+    overlay = run_vns([3, 3])
+    async with (
+        Client(
+            overlay.endpoints("b0"), client_id="long", key_refresh=100, share_form=share_form
+        ) as long_pub,
+        Client(overlay.endpoints("b0"), client_id="short", share_form=share_form) as short_pub,
+        Client(
+            overlay.endpoints("b1"), client_id="sub", manifest=overlay.manifest, key_patience=2.0
+        ) as sc,
+        sc.subscribe("class = 'secret'") as sub,
+    ):
+        await long_pub.advertise("class = 'secret'")
+        await short_pub.advertise("class = 'secret'")
+        await asyncio.to_thread(overlay.wait_quiet)
+        order = ["long"] * 2 + ["short"] * 20 + ["long"] * 3
+        for n, who in enumerate(order):
+            pub = long_pub if who == "long" else short_pub
+            await pub.publish({"class": "secret", "n": n}, f"{who} {n}".encode(), confidential=True)
+            await sub.get(10)  # each one in turn, so the short epochs come and go between
+        assert sub.keys_missing == 0
 
 
 def share_verdicts(overlay: LocalOverlay, broker_id: str) -> list[dict[str, Any]]:

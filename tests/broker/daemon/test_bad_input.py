@@ -238,6 +238,22 @@ async def test_many_bad_clients_at_once_do_not_disturb_the_witness(
     await witness.check_still_served()
 
 
+async def test_key_shares_to_a_broker_without_confidential_forwarding_are_refused_not_fatal(
+    broker: BrokerProcess, witness: Witness
+) -> None:
+    peer = await RawPeer.connect(broker.endpoint)
+    await peer.hello()
+    await peer.send(MsgType.PASS, [], b"statement", b"signature", b"blob")
+    msg = await peer.receive()
+    assert isinstance(msg, Error), msg
+    assert msg.code == "invalid_request", msg
+    assert "confidential forwarding is disabled" in msg.message
+    await peer.send(MsgType.PING, 3)
+    assert await peer.receive() == Pong(3)
+    await peer.close()
+    await witness.check_still_served()
+
+
 async def test_a_client_sending_reconf_is_closed(broker: BrokerProcess, witness: Witness) -> None:
     peer = await RawPeer.connect(broker.endpoint)
     await peer.hello()
