@@ -118,8 +118,11 @@ async def test_subscriber_decrypts_every_publication_once_in_order(run_vns, shar
     assert {sub_client.key_shares("pub", seq) for seq, _ in got} == {27}
 
 
-@SHARE_FORMS
-@pytest.mark.parametrize("replicas", [[3, 1, 3], [1, 5], [5, 3]], ids=str)
+@pytest.mark.parametrize(
+    ("replicas", "share_form"),
+    [([3, 1, 3], "record"), ([1, 5], "record"), ([5, 3], "record"), ([1, 5, 3], "pass")],
+    ids=str,
+)
 async def test_share_count_is_the_product_of_replica_counts(run_vns, replicas, share_form) -> None:
     overlay = run_vns(replicas)
     got, sub_client = await confidential_exchange(overlay, 3, share_form=share_form)
