@@ -813,8 +813,8 @@ class Client:
         self.vn: str | None = None
         self.vn_size = len(self.endpoints)
         self._assemblies: OrderedDict[tuple[str, int], KeyAssembly] = OrderedDict()
-        # each publisher's newest epoch, kept when _assemblies lets it go (see _assembly)
-        self._newest_epochs: OrderedDict[str, KeyAssembly] = OrderedDict()
+        # each publisher's current epoch, kept when _assemblies lets it go (see _assembly)
+        self._current_epochs: OrderedDict[str, KeyAssembly] = OrderedDict()
         # epochs whose shares arrived in the current read (tried once it is decoded)
         self._arrived: dict[tuple[str, int], KeyAssembly] = {}
         # whether a read is being handled (its epochs are tried at its end, together)
@@ -1798,29 +1798,38 @@ class Client:
 
     def _assembly(self, publisher: str, seq: int) -> KeyAssembly:
         """The key assembly of an epoch. Past ``_KEY_MEMORY`` epochs the one used longest
-        ago goes, except each publisher's newest: a long epoch still in use keeps its key
-        however many short ones come and go meanwhile (its shares are not sent again)."""
+        ago goes, except each publisher's current one (:meth:`_current_epoch`): a long
+        epoch still in use keeps its key however many short ones come and go meanwhile
+        (its shares are not sent again)."""
         key = (publisher, seq)
         assemblies = self._assemblies
         assembly = assemblies.get(key)
         if assembly is not None:
             assemblies.move_to_end(key)
             return assembly
-        newest = self._newest_epochs.get(publisher)
-        if newest is not None and newest.seq == seq:
-            assembly = assemblies[key] = newest
+        current = self._current_epochs.get(publisher)
+        if current is not None and current.seq == seq:
+            assembly = assemblies[key] = current
         else:
             assembly = assemblies[key] = KeyAssembly(publisher, seq)
-            if newest is None or seq > newest.seq:
-                self._newest_epochs[publisher] = assembly
-                self._newest_epochs.move_to_end(publisher)
-                if len(self._newest_epochs) > _KEY_MEMORY:
-                    self._newest_epochs.popitem(last=False)
         if len(assemblies) > _KEY_MEMORY:
             (old_publisher, old_seq), old = assemblies.popitem(last=False)
-            if self._newest_epochs.get(old_publisher) is not old:
+            if self._current_epochs.get(old_publisher) is not old:
                 self._passes.forget(old_publisher, old_seq)
         return assembly
+
+    def _current_epoch(self, assembly: KeyAssembly) -> None:
+        """``assembly``'s epoch is its publisher's newest with an agreed copy (``f + 1``
+        replicas: shares alone, which one broker can make up, never move this): it is kept
+        past the bound of :meth:`_assembly`."""
+        current = self._current_epochs.get(assembly.publisher)
+        if current is assembly:
+            return
+        if current is None or assembly.seq > current.seq:
+            self._current_epochs[assembly.publisher] = assembly
+            self._current_epochs.move_to_end(assembly.publisher)
+            if len(self._current_epochs) > _KEY_MEMORY:
+                self._current_epochs.popitem(last=False)
 
     def _blame_copies(self, blames: list[Blame[int]]) -> None:
         for blame in blames:
@@ -1932,6 +1941,7 @@ class Client:
             return None
         assert delivery.sec is not None
         assembly = self._assembly(delivery.publisher, delivery.sec.epoch)
+        self._current_epoch(assembly)
         if assembly.sec is None:
             assembly.sec = delivery.sec
         if assembly.passes is not None and assembly.key is None and self._reading:

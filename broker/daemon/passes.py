@@ -30,11 +30,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple, Protocol, TypeVar
 
+from broker.daemon.config import NeighbourConfig
 from broker.daemon.hops import Hop, Member, VNHop
+from broker.daemon.stats import BrokerStats
 from broker.wire.protocol import Leaves, Pass, Signed
+from overlay.manifest import Manifest
+from security.envelope import Signer
 from security.pass_keys import claimed_pass_path
 from security.pass_shares import (
     Entry,
@@ -51,10 +55,75 @@ from security.pass_shares import (
 )
 from security.paths import PathVote, path_view
 from security.propagation import PathView, PropagationError, silent_senders
-from security.publication import epoch_of
+from security.publication import SecBlock, epoch_of
 
-if TYPE_CHECKING:
-    from broker.daemon.shares import SecureForwarding
+T = TypeVar("T")
+
+
+class ShareHost(Protocol):
+    """What key shares by the pass share with the record form in a broker
+    (:class:`broker.daemon.shares.SecureForwarding`, which holds a :class:`PassForwarding`):
+    identity and keys, the epochs routed here and the hops they went to, blame, silence."""
+
+    @property
+    def broker_id(self) -> str: ...
+
+    @property
+    def replica(self) -> int: ...
+
+    @property
+    def vn(self) -> str: ...
+
+    @property
+    def stats(self) -> BrokerStats: ...
+
+    @property
+    def manifest(self) -> Manifest | None: ...
+
+    @property
+    def signer(self) -> Signer | None: ...
+
+    @property
+    def neighbours(self) -> Mapping[str, NeighbourConfig]: ...
+
+    @property
+    def secs(self) -> Mapping[tuple[str, int], SecBlock]: ...
+
+    @property
+    def served(self) -> Mapping[tuple[str, int], list[Hop]]: ...
+
+    @property
+    def heard(self) -> OrderedDict[tuple[str, int], list[str]]: ...
+
+    @property
+    def distrusted(self) -> set[str]: ...
+
+    @property
+    def splits_by_scheme(self) -> dict[tuple[str, int], int]: ...
+
+    @property
+    def recent_shares(self) -> int: ...
+
+    @property
+    def enabled(self) -> bool: ...
+
+    @property
+    def keep_recent(self) -> bool: ...
+
+    def sample_relay(self) -> bool: ...
+
+    def remember(
+        self, table: OrderedDict[tuple[str, int], list[T]], key: tuple[str, int]
+    ) -> list[T]: ...
+
+    def blame(self, key: tuple[str, int], broker: str, detail: str, sender: str | None) -> None: ...
+
+    def log_share(
+        self, publisher: str, epoch: int, sender: str | None, culprit: str | None, why: str | None
+    ) -> None: ...
+
+    def schedule_flush(self) -> None: ...
+
 
 log = logging.getLogger("trellis.security")
 
@@ -94,7 +163,7 @@ class _Waiting(NamedTuple):
 class PassForwarding:
     """Per-broker state of key shares by the pass."""
 
-    def __init__(self, owner: SecureForwarding) -> None:
+    def __init__(self, owner: ShareHost) -> None:
         self.owner = owner
         self.statements = StatementStore()
         self.seals = SealChecks()
@@ -145,13 +214,13 @@ class PassForwarding:
         for pub_id in {entry.pub_id for entry in statement.entries}:
             named = epoch_of(pub_id)
             if named is not None:
-                heard = owner._remember(owner.heard, named)
+                heard = owner.remember(owner.heard, named)
                 if sender not in heard:
                     heard.append(sender)
         shares, bad = open_pass(statement, msg.blob, owner.replica)
         for entry, why in bad:
             culprit_key = epoch_of(entry.pub_id) or (sender, 0)
-            owner._blame(culprit_key, sender, f"bad_share: {entry.node}: {why}", sender)
+            owner.blame(culprit_key, sender, f"bad_share: {entry.node}: {why}", sender)
         for share in shares:
             key = epoch_of(share.pub_id)
             position = statement.position(share.pub_id, share.lineage[:-1])
@@ -167,30 +236,30 @@ class PassForwarding:
         try:
             statement = parse_statement(raw, signature)
         except PropagationError as exc:
-            self.owner._blame((sender, 0), sender, f"malformed statement: {exc}", sender)
+            self.owner.blame((sender, 0), sender, f"malformed statement: {exc}", sender)
             return None
         return self.statements.add(statement)
 
     def _blame_sender(self, statement: PassStatement, sender: str, detail: str) -> None:
         key = epoch_of(statement.entries[0].pub_id) or (sender, 0)
-        self.owner._blame(key, sender, f"bad_share: {detail}", sender)
+        self.owner.blame(key, sender, f"bad_share: {detail}", sender)
 
     def _offer(self, key: Key, item: _Waiting) -> None:
         owner = self.owner
         sec = owner.secs.get(key)
         if sec is None:
-            owner._remember(self.waiting, key).append(item)
+            owner.remember(self.waiting, key).append(item)
             return
         claim = item.claim or self._claim(key, item)
         if claim is None:
-            owner._blame(key, item.sender, "claims no possible path", item.sender)
+            owner.blame(key, item.sender, "claims no possible path", item.sender)
             return
         paths = self.paths.get(key)
         view = paths.get(claim) if paths is not None else None
         if view is not None:
             self._accept(key, item, view)
             return
-        owner._remember(self.waiting, key).append(item._replace(claim=claim))
+        owner.remember(self.waiting, key).append(item._replace(claim=claim))
         vote = self.votes.get(key)
         if vote is None:
             vote = self.votes[key] = PathVote()
@@ -251,7 +320,7 @@ class PassForwarding:
         if problem is None and len(item.share.lineage) != view.depth:
             problem = f"a share of level {len(item.share.lineage)} at level {view.depth}"
         if problem is not None:
-            owner._blame(key, item.sender, f"bad_share: {problem}", item.sender)
+            owner.blame(key, item.sender, f"bad_share: {problem}", item.sender)
             return
         held = self.held.get(key)
         if held is None:
@@ -262,7 +331,7 @@ class PassForwarding:
         if lineage in held:
             return  # an honest sender sends each share once; the first one is kept
         accepted = held[lineage] = Accepted(item.share, item.statement, view, item.sender)
-        owner._log_share(key[0], key[1], item.sender, None, None)
+        owner.log_share(key[0], key[1], item.sender, None, None)
         for hop in owner.served.get(key, ()):
             self._queue(hop, accepted)
 
@@ -288,7 +357,7 @@ class PassForwarding:
         if work is None:
             work = self._toward[hop] = {}
         work[accepted.share.pub_id, accepted.share.lineage] = accepted
-        self.owner._schedule_flush()
+        self.owner.schedule_flush()
 
     # -- sending ------------------------------------------------------------------------------
 
@@ -306,8 +375,12 @@ class PassForwarding:
             elif hop.congested:
                 owner.stats.deliveries_dropped += 1
             else:
-                self._hand(hop, list(work.values()))
-                written[hop] = None
+                # A sender caught with a bad signature has every share checked first.
+                distrusted = owner.distrusted
+                leaves = [a for a in work.values() if a.sender not in distrusted or self._vouch(a)]
+                if leaves:
+                    self._hand(hop, leaves)
+                    written[hop] = None
         if self._relay_checks:
             asyncio.get_running_loop().call_soon(self._check_relays)
         return written
@@ -354,9 +427,8 @@ class PassForwarding:
             if recent is None:
                 recent = self._recent[hop] = deque(maxlen=owner.recent_shares)
             recent.extend(work)
-        distrusted = owner.distrusted
         for accepted in work:
-            if accepted.sender in distrusted or owner.sample_relay():
+            if owner.sample_relay():
                 self._relay_checks.append(accepted)
 
     def _chains(self, work: list[Accepted]) -> list[PassStatement]:
@@ -418,7 +490,7 @@ class PassForwarding:
             if len(bad) > _EPOCH_MEMORY:
                 bad.popitem(last=False)
             key = epoch_of(accepted.share.pub_id) or (accepted.sender, 0)
-            owner._blame(
+            owner.blame(
                 key,
                 accepted.sender,
                 "bad_share: bad signature on its own pass statement",

@@ -267,7 +267,7 @@ class SecureForwarding:
             return f"share {record.lineage} is not for replica {self.replica}"
         return None
 
-    def _remember(
+    def remember(
         self, table: OrderedDict[tuple[str, int], list[T]], key: tuple[str, int]
     ) -> list[T]:
         entry = table.get(key)
@@ -289,7 +289,7 @@ class SecureForwarding:
             self._open_inboxes(key)
             if self.member:
                 self._expect(key)
-        served = self._remember(self.served, key)
+        served = self.remember(self.served, key)
         held = self.held.get(key, ())
         new: list[Hop] = []
         for hop in targets:
@@ -333,19 +333,19 @@ class SecureForwarding:
         except PropagationError as exc:
             stats.bad_shares += 1
             log.warning("malformed share of %s/%d from %s: %s", publisher, epoch, sender, exc)
-            self._log_share(publisher, epoch, sender, sender, f"malformed: {exc}")
+            self.log_share(publisher, epoch, sender, sender, f"malformed: {exc}")
             return
         if record.pub_id != publication_id(publisher, epoch):
             stats.bad_shares += 1
             log.warning(
                 "share for %r arrived as %s/%d from %s", record.pub_id, publisher, epoch, sender
             )
-            self._log_share(publisher, epoch, sender, sender, "belongs to another publication")
+            self.log_share(publisher, epoch, sender, sender, "belongs to another publication")
             return
         key = (publisher, epoch)
         if sender is None:
             sender = publisher
-        heard = self._remember(self.heard, key)
+        heard = self.remember(self.heard, key)
         if sender not in heard:
             heard.append(sender)
         sec = self.secs.get(key)
@@ -354,7 +354,7 @@ class SecureForwarding:
         if inbox is not None:
             self._accept(key, inbox, record, sender)
         elif sec is None or path is not None:
-            pending = self._remember(self.unverified, key)
+            pending = self.remember(self.unverified, key)
             # A sender that already vouched for this path adds no vote: the path is still
             # not agreed, so recounting every waiting share (quadratic in a frame's shares
             # of one epoch) would change nothing.
@@ -370,7 +370,7 @@ class SecureForwarding:
         assert self.manifest is not None
         path = claimed_path(self.manifest, sec, record, self.vn)
         if path is None:
-            self._blame(key, sender, "claims no possible path", sender)
+            self.blame(key, sender, "claims no possible path", sender)
         return path
 
     def _open_inboxes(self, key: tuple[str, int]) -> None:
@@ -407,7 +407,7 @@ class SecureForwarding:
         waiting: list[Pending] = []
         for record, sender, path in claims:
             if path is None:
-                self._blame(key, sender, "claims no possible path", sender)
+                self.blame(key, sender, "claims no possible path", sender)
             elif path in opened:
                 self._accept(key, opened[path], record, sender)
             else:
@@ -415,16 +415,16 @@ class SecureForwarding:
         if waiting:
             self.unverified[key] = waiting
 
-    def _blame(self, key: tuple[str, int], broker: str, detail: str, sender: str | None) -> None:
+    def blame(self, key: tuple[str, int], broker: str, detail: str, sender: str | None) -> None:
         """Count and log blame; ``sender`` None: blame for what was not sent (silence)."""
         stats = self.stats
         if sender is not None:
             stats.bad_shares += 1
         stats.blamed[broker] = stats.blamed.get(broker, 0) + 1
         log.warning("share of %s/%d rejected: %s: %s", key[0], key[1], broker, detail)
-        self._log_share(key[0], key[1], sender, broker, detail)
+        self.log_share(key[0], key[1], sender, broker, detail)
 
-    def _log_share(
+    def log_share(
         self, publisher: str, epoch: int, sender: str | None, culprit: str | None, why: str | None
     ) -> None:
         """One share verdict in the traffic log (``culprit`` None: the share verified)."""
@@ -441,11 +441,11 @@ class SecureForwarding:
         before = len(inbox.blames)
         if not inbox.offer(record, sender):
             for blame in inbox.blames[before:]:
-                self._blame(key, blame.broker, f"{blame.fault}: {blame.detail}", sender)
+                self.blame(key, blame.broker, f"{blame.fault}: {blame.detail}", sender)
             return
-        self._log_share(key[0], key[1], sender, None, None)
+        self.log_share(key[0], key[1], sender, None, None)
         entry = (record, inbox, sender)
-        self._remember(self.held, key).append(entry)
+        self.remember(self.held, key).append(entry)
         for hop in self.served.get(key, ()):
             self._send(hop, key[0], key[1], entry)
 
@@ -485,7 +485,7 @@ class SecureForwarding:
             # Relayed as received, in this pass's SHARES frame to the subscriber.
             self._outbox.append((hop, publisher, epoch, record))
             self.stats.shares_delivered += 1
-            self._schedule_flush()
+            self.schedule_flush()
 
     def _seal_verified(self, publisher: str, epoch: int, entry: Held) -> bool:
         """Whether the seal of the sender's own certificate on a held share verifies
@@ -502,7 +502,7 @@ class SecureForwarding:
             bad[cert] = None
             if len(bad) > _EPOCH_MEMORY:
                 bad.popitem(last=False)
-            self._blame(
+            self.blame(
                 (publisher, epoch),
                 sender,
                 f"bad_share: level {record.level}: bad signature on its own certificate",
@@ -527,7 +527,7 @@ class SecureForwarding:
                 continue
             for sub in self.recipients_of(subs, self.neighbours[broker_id].replica):
                 outbox.append((conn, publisher, seq, sub))
-        self._schedule_flush()
+        self.schedule_flush()
 
     def _spare(self, hop: VNHop, publisher: str, epoch: int, record: ShareRecord) -> None:
         """Leave a spare split for the next pass that writes (at most SPARE_DELAY away)."""
@@ -547,9 +547,9 @@ class SecureForwarding:
             if not hop.closing:
                 self._split_toward(hop, publisher, epoch, record)
         if spares and not self._flushing:
-            self._schedule_flush()
+            self.schedule_flush()
 
-    def _schedule_flush(self) -> None:
+    def schedule_flush(self) -> None:
         if not self._flushing:
             self._flushing = True
             asyncio.get_running_loop().call_soon(self.flush)
@@ -692,7 +692,7 @@ class SecureForwarding:
         for broker, why in silent + self.passes.silent(key, heard):
             if broker not in blamed:
                 blamed.add(broker)
-                self._blame(key, broker, why, None)
+                self.blame(key, broker, why, None)
 
     # -- hooks (wrapped by broker.daemon.faults on a Byzantine test broker) -----------------
 
