@@ -22,7 +22,7 @@ Publisher and subscriber are separate processes (this script with ``--role``), s
 subscriber's key reconstruction and the publisher's sealing do not share one event loop.
 Not a test:
 
-    .venv/bin/python bench/bench_confidential.py [--quick]
+    .venv/bin/python bench/bench_confidential.py [--quick] [--share-form pass]
 """
 
 from __future__ import annotations

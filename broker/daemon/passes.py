@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple, Protocol, TypeVar
 
 from broker.daemon.config import NeighbourConfig
@@ -137,6 +137,18 @@ LINK_MEMORY = 1 << 13
 """Statement references a link remembers having carried (each travels once per link)."""
 
 _EPOCH_MEMORY = 4096
+
+V = TypeVar("V")
+
+
+def _entry(table: OrderedDict[Key, V], key: Key, make: Callable[[], V]) -> V:
+    """``table[key]``, made if missing; past :data:`_EPOCH_MEMORY` epochs the oldest goes."""
+    value = table.get(key)
+    if value is None:
+        value = table[key] = make()
+        if len(table) > _EPOCH_MEMORY:
+            table.popitem(last=False)
+    return value
 
 
 class Accepted(NamedTuple):
@@ -260,11 +272,7 @@ class PassForwarding:
             self._accept(key, item, view)
             return
         owner.remember(self.waiting, key).append(item._replace(claim=claim))
-        vote = self.votes.get(key)
-        if vote is None:
-            vote = self.votes[key] = PathVote()
-            if len(self.votes) > _EPOCH_MEMORY:
-                self.votes.popitem(last=False)
+        vote = _entry(self.votes, key, PathVote)
         assert owner.manifest is not None
         if vote.vouch(owner.manifest, claim, item.sender) is not None:
             self._open_path(key, claim)
@@ -300,12 +308,7 @@ class PassForwarding:
         except (PropagationError, KeyError) as exc:
             log.warning("cannot verify shares of %s/%d: %s", key[0], key[1], exc)
             return
-        paths = self.paths.get(key)
-        if paths is None:
-            paths = self.paths[key] = {}
-            if len(self.paths) > _EPOCH_MEMORY:
-                self.paths.popitem(last=False)
-        paths[claim] = view
+        _entry(self.paths, key, dict)[claim] = view
         waiting = self.waiting.pop(key, [])
         rest = [item for item in waiting if item.claim != claim]
         if rest:
@@ -322,11 +325,7 @@ class PassForwarding:
         if problem is not None:
             owner.blame(key, item.sender, f"bad_share: {problem}", item.sender)
             return
-        held = self.held.get(key)
-        if held is None:
-            held = self.held[key] = {}
-            if len(self.held) > _EPOCH_MEMORY:
-                self.held.popitem(last=False)
+        held = _entry(self.held, key, dict)
         lineage = item.share.lineage
         if lineage in held:
             return  # an honest sender sends each share once; the first one is kept
