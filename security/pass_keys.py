@@ -97,10 +97,11 @@ class PassKeys:
         statement names anyone, and reconstruction checks what the leaves need)."""
         assembly = self.assembly
         for raw, signature in statements:
-            if statement_ref(raw, signature) in assembly.statements:
+            ref = statement_ref(raw, signature)
+            if ref in assembly.statements:
                 continue  # every replica of this VN relays the statements above
             try:
-                assembly.add_statement(parse_statement(raw, signature))
+                assembly.add_statement(parse_statement(raw, signature, ref))
             except PropagationError as exc:
                 log.warning("malformed pass statement from broker %s: %s", sender, exc)
         known = assembly.statements

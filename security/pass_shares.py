@@ -161,6 +161,7 @@ def _statement(
     entries: tuple[Entry, ...],
     raw: bytes,
     signature: bytes,
+    ref: bytes | None = None,
 ) -> PassStatement:
     positions = {(e.pub_id, e.node): i for i, e in enumerate(entries)}
     if len(positions) != len(entries):
@@ -174,7 +175,7 @@ def _statement(
         entries,
         raw,
         signature,
-        statement_ref(raw, signature),
+        statement_ref(raw, signature) if ref is None else ref,
         positions,
     )
 
@@ -247,9 +248,10 @@ def split_pass(
     return _statement(signer.id, toward, serial, k, r, entries, raw, signature), blobs
 
 
-def parse_statement(raw: bytes, signature: bytes) -> PassStatement:
+def parse_statement(raw: bytes, signature: bytes, ref: bytes | None = None) -> PassStatement:
     """A statement from its canonical bytes and signature (the signature is not checked
-    here: :class:`SealChecks`). Raises :class:`PropagationError` on anything malformed."""
+    here: :class:`SealChecks`). Raises :class:`PropagationError` on anything malformed.
+    ``ref``: its :func:`statement_ref`, when the caller computed it already (to look it up)."""
     try:
         fields = msgpack.unpackb(raw, raw=False, use_list=False)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
@@ -279,7 +281,7 @@ def parse_statement(raw: bytes, signature: bytes) -> PassStatement:
         raise PropagationError("malformed pass entry")
     commits = [tuple([j[i : i + _DIGEST] for i in range(0, width, _DIGEST)]) for j in joined]
     entries = list(map(Entry, pub_ids, map(tuple, nodes), parents, sizes, commits))
-    return _statement(splitter, toward, serial, k, r, tuple(entries), raw, signature)
+    return _statement(splitter, toward, serial, k, r, tuple(entries), raw, signature, ref)
 
 
 def _all_of(kind: type, *columns: tuple[object, ...]) -> bool:

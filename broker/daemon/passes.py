@@ -242,11 +242,12 @@ class PassForwarding:
 
     def _learn(self, raw: bytes, signature: bytes, sender: str) -> PassStatement | None:
         """Parse a statement (kept by reference); a malformed one is the sender's fault."""
-        known = self.statements.get(statement_ref(raw, signature))
+        ref = statement_ref(raw, signature)
+        known = self.statements.get(ref)
         if known is not None:
             return known  # (an ancestor reaches a replica once per upstream replica)
         try:
-            statement = parse_statement(raw, signature)
+            statement = parse_statement(raw, signature, ref)
         except PropagationError as exc:
             self.owner.blame((sender, 0), sender, f"malformed statement: {exc}", sender)
             return None
