@@ -66,7 +66,7 @@ async def confidential_exchange(
     count: int,
     wait: float = 10.0,
     audit_wait: float = 5.0,
-    share_form: str = "record",
+    share_form: str = "pass",
 ) -> tuple[list[tuple[int, bytes]], Client]:
     """Publish ``count`` confidential messages at the first VN; what the last VN's
     subscriber decrypted, in order (the subscriber client is returned closed, after up to
