@@ -16,6 +16,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -59,7 +60,7 @@ async def stream_with_resets(
     confidential_every: int = 0,
     publisher_side: bool = False,
     idle: float = 15,
-    share_form: str = "record",
+    share_form: str = "pass",
 ) -> tuple[list[int], list[tuple[int, bytes]], dict[int, bytes]]:
     """Publish COUNT publications at ~300/s from the first VN; a third of the way in,
     reset the subscriber's connections to the last VN's replicas ``resets`` (the
@@ -145,6 +146,56 @@ async def test_a_publisher_whose_links_to_two_of_three_replicas_reset_loses_noth
         share_form=share_form,
     )
     assert_exact(sent, got, payloads)
+
+
+@pytest.mark.parametrize("share_form", ["record", "pass"])
+async def test_key_shares_lost_in_flight_to_a_subscriber_are_handed_again_when_it_resumes(
+    run_overlay: Callable[..., LocalOverlay], share_form: str
+) -> None:
+    """The key shares two replicas of the subscriber's VN handed it die in flight (read
+    and dropped here, as a connection that dies with them in its buffers loses them): one
+    replica's shares are fewer than k, so no key can be rebuilt until the parked sessions
+    hand their last shares again on resumption."""
+    names = broker_names(2)
+    overlay = run_overlay(line_tree(names), replicas=dict.fromkeys(names, 3))
+    pub = Client(overlay.endpoints(names[0]), client_id="lost-pub", share_form=share_form)
+    sub_client = Client(
+        overlay.endpoints(names[-1]), client_id="lost-sub", manifest=overlay.manifest
+    )
+    dropping = {0, 1}
+    dropped: list[int] = []
+    kinds = {"record": ("_shares_arrived", "_share_arrived"), "pass": ("_leaves_arrived",)}
+
+    def lossy(take: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
+        def arrived(link: Any, msg: Any) -> None:
+            if link.index in dropping:
+                dropped.append(link.index)
+                return
+            take(link, msg)
+
+        return arrived
+
+    for kind in kinds[share_form]:
+        setattr(sub_client, kind, lossy(getattr(sub_client, kind)))
+    payloads = {}
+    async with pub, sub_client, sub_client.subscribe(FLT) as sub:
+        await pub.advertise(FLT)
+        await asyncio.to_thread(overlay.wait_quiet)
+        for i in range(5):
+            payload = f"lost shares #{i}".encode()
+            seq = await pub.publish({"class": "resume", "i": i}, payload, confidential=True)
+            payloads[seq] = payload
+        await until(lambda: set(dropped) == {0, 1}, timeout=10)
+        with pytest.raises(TrellisTimeout):
+            await sub.get(1.0)  # one replica's shares: no key
+        dropping.clear()
+        for index in (0, 1):
+            link = sub_client._links.get(index)
+            assert link is not None
+            assert link.transport is not None
+            reset(link.transport)
+        got = await read(sub, len(payloads), idle=8)
+    assert got == sorted(payloads.items())
 
 
 @pytest.mark.parametrize("publisher_side", [False, True], ids=["subscriber", "publisher"])
