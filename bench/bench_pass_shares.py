@@ -1,6 +1,6 @@
 """Share work per confidential publication: key shares by the pass
-(:mod:`security.pass_shares`) beside the per-record protocol the brokers run today
-(:mod:`security.propagation`, timed by ``pipeline_breakdown`` of ``bench_confidential.py``).
+(:mod:`security.pass_shares`) beside the per-record form (:mod:`security.propagation`, timed
+by ``pipeline_breakdown`` of ``bench_confidential.py``).
 
 Both run the honest path of a line of three VNs of three replicas in one process, every
 broker's and the subscriber's share work in turn, without sockets, frames or the event loop,
@@ -131,11 +131,8 @@ def pipeline(count: int, signers: dict[str, Signer], path: PathView, serial: int
         assembly.forget(pub_id)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--pubs", type=int, default=60)
-    parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args()
+def line_of_parties() -> tuple[dict[str, Signer], PathView]:
+    """The publisher's and every replica's signer, and the publication's path."""
     names = ["pub"] + [f"b{v}.{j}" for v in range(VNS) for j in range(REPLICAS)]
     signers = {n: Signer.generate(n) for n in names}
     path = PathView(
@@ -145,29 +142,46 @@ def main() -> None:
             for v in range(VNS)
         ),
     )
-    from bench_confidential import pipeline_breakdown, work_breakdown
+    return signers, path
+
+
+def pass_breakdown(pubs: int = 60, per_pass: int = 20) -> dict[str, dict[str, float]]:
+    """:func:`bench_confidential.pipeline_breakdown` for shares by the pass: µs per
+    publication by kind of work, one publication per pass and ``per_pass`` per pass."""
+    from bench_confidential import work_breakdown
+
+    signers, path = line_of_parties()
+    serial = 0
+    out: dict[str, dict[str, float]] = {}
+    for label, per in (("one per pass", 1), (f"{per_pass} per pass", per_pass)):
+
+        def run_all(per: int = per) -> None:
+            nonlocal serial
+            done = 0
+            while done < pubs:
+                serial += 1
+                pipeline(per, signers, path, serial)
+                done += per
+
+        out[label] = work_breakdown(run_all, pubs)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pubs", type=int, default=60)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    from bench_confidential import pipeline_breakdown
 
     print("share work per confidential publication, 3 VN hops, r = 3, one process (µs):")
-    print("| per pass | by the pass (security.pass_shares) | per record (today) | ratio |")
+    print("| per pass | by the pass (security.pass_shares) | per record | ratio |")
     print("|---:|---:|---:|---:|")
-    serial = 0
+    runs = [(pass_breakdown(args.pubs), pipeline_breakdown(args.pubs)) for _ in range(args.repeat)]
     rows: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
-    for per in (1, 20):
-        label = "one per pass" if per == 1 else f"{per} per pass"
-        passes: list[dict[str, float]] = []
-        today: list[dict[str, float]] = []
-        for _ in range(args.repeat):
-
-            def run_all(per: int = per) -> None:
-                nonlocal serial
-                done = 0
-                while done < args.pubs:
-                    serial += 1
-                    pipeline(per, signers, path, serial)
-                    done += per
-
-            passes.append(work_breakdown(run_all, args.pubs))
-            today.append(pipeline_breakdown(args.pubs, per)[label])
+    for per, label in ((1, "one per pass"), (20, "20 per pass")):
+        passes = [by_pass[label] for by_pass, _ in runs]
+        today = [by_record[label] for _, by_record in runs]
         mid = statistics.median(r["total"] for r in passes)
         mid_today = statistics.median(r["total"] for r in today)
         print(f"| {per} | {mid:,.0f} | {mid_today:,.0f} | {mid_today / mid:.1f}x |")
