@@ -279,8 +279,12 @@ class _Link(asyncio.Protocol):
                 self.transport.close()
         finally:
             client._reading = False
-            if client._arrived:
-                client._recover_arrived()
+            if client._arrived and not client._recover_due:
+                # Tried once this loop iteration's reads are all in: the other replicas'
+                # leaves of a pass usually come in the same iteration, and one
+                # reconstruction over all of them is then also the check.
+                client._recover_due = True
+                asyncio.get_running_loop().call_soon(client._recover_arrived)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.flush()  # keeps what was queued and not written, for a resumed session
@@ -820,6 +824,7 @@ class Client:
         self._arrived: dict[tuple[str, int], KeyAssembly] = {}
         # whether a read is being handled (its epochs are tried at its end, together)
         self._reading = False
+        self._recover_due = False  # _recover_arrived is scheduled
         # epochs to audit once this pass's deliveries are out (:meth:`_audit_soon`)
         self._audits: dict[tuple[str, int], KeyAssembly] = {}
         # (publisher, epoch, path) -> shares checked after the key was recovered
@@ -1869,9 +1874,11 @@ class Client:
         self._arrived[msg.publisher, msg.seq] = assembly
 
     def _recover_arrived(self) -> None:
-        """Try the epochs whose shares came in the last read, once each (a read carries
-        many shares of one epoch: a reconstruction pass per share would redo the work)."""
+        """Try the epochs whose shares came in this loop iteration's reads, once each (a
+        read carries many shares of one epoch: a reconstruction pass per share would redo
+        the work)."""
         arrived, self._arrived = self._arrived, {}
+        self._recover_due = False
         self._refresh_manifest()
         if self.manifest is None or self.vn is None:
             return

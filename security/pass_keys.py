@@ -76,6 +76,17 @@ class _Epoch:
     checked: bool = False  # the complete set was looked at (its leaves then let go)
     audited_at: int = -1  # leaves in at the last late audit (:meth:`PassKeys.audit_late`)
     tried: tuple[int, bool] = (0, False)  # (leaves, distrust) of the last try without a key
+    # a quick pass over every leaf (leaves read, its result): the check's own first step
+    whole: tuple[int, PathView, Reconstruction] | None = None
+
+
+def _whole(state: _Epoch, view: PathView) -> Reconstruction | None:
+    """The quick pass kept in ``state`` if it was over ``view`` and every leaf read so far
+    (then it is the check's own first step), else None."""
+    whole = state.whole
+    if whole is None or whole[0] != state.classified or whole[1] is not view:
+        return None
+    return whole[2]
 
 
 class PassKeys:
@@ -175,10 +186,15 @@ class PassKeys:
                     if complete and (audit or distrust):
                         # The quick pass over every leaf is the check's own first step.
                         self._judge(keys, state, view, result, audited=distrust)
+                    elif complete:
+                        state.whole = (state.classified, view, result)  # for the check
         for view, members in checks.values():
             waiting = [(keys, state) for keys, state in members if not state.checked]
-            found = self._reconstruct(waiting, view, audit=False, complete=True)
-            for (keys, state), result in zip(waiting, found, strict=True):
+            kept = [_whole(state, view) for _, state in waiting]
+            again = [item for item, whole in zip(waiting, kept, strict=True) if whole is None]
+            rebuilt = iter(self._reconstruct(again, view, audit=False, complete=True))
+            for (keys, state), whole in zip(waiting, kept, strict=True):
+                result = next(rebuilt) if whole is None else whole
                 self._judge(keys, state, view, result, audited=False)
 
     def _classify(
@@ -245,6 +261,7 @@ class PassKeys:
         clean (no blame, the same key) and not drawn for an audit, it is done; otherwise
         every signature is verified and every fault blamed. Its leaves are then let go."""
         state.checked = True
+        state.whole = None
         pub_id = publication_id(keys.publisher, keys.seq)
         if not audited and (
             quick.blame or quick.key != keys.key or _draw.randrange(AUDIT_ONE_IN) == 0
