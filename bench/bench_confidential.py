@@ -376,7 +376,7 @@ PROFILED = ("b0.0", "b1.0", "b2.0", "pub", "sub")
 async def start_profilers(pids: dict[str, int], outdir: Path) -> list[asyncio.subprocess.Process]:
     """``py-spy record`` (raw collapsed stacks, non-blocking) on one replica per VN and on
     both clients; stopped with SIGINT, which makes py-spy write its file."""
-    spy = Path(sys.executable).with_name("py-spy")
+    spy = Path(sys.executable).with_name("py-spy")  # (main checks it is there)
     await asyncio.to_thread(outdir.mkdir, parents=True, exist_ok=True)
     procs = []
     for name in PROFILED:
@@ -1135,7 +1135,8 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         type=Path,
-        help="py-spy the last stream of --profile-mode (b0.0, b1.0, b2.0, pub, sub) into this dir",
+        help="py-spy the last stream of --profile-mode (b0.0, b1.0, b2.0, pub, sub) into this "
+        "dir (py-spy: bash deploy/setup.sh --bench)",
     )
     parser.add_argument(
         "--profile-mode", choices=MODES, default="confidential", help="the mode --profile spies on"
@@ -1153,6 +1154,8 @@ def main() -> None:
     parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--queue", type=int, default=10_000, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.profile is not None and not Path(sys.executable).with_name("py-spy").exists():
+        parser.error("--profile needs py-spy beside this Python: bash deploy/setup.sh --bench")
     if args.role is None:
         asyncio.run(orchestrate(args))
         return

@@ -2,7 +2,7 @@
 # Set up a fresh machine for Trellis: a virtualenv in .venv with the project and its test tools.
 #   bash deploy/setup.sh           runtime + test dependencies
 #   bash deploy/setup.sh --bench   also the benchmark peers (Mosquitto, nats-server, libgfshare, amqtt,
-#                                  nats-py, pycryptodome)
+#                                  nats-py, pycryptodome, py-spy for bench_confidential --profile)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_bench=0
