@@ -72,6 +72,10 @@ class Tally:
     notes: dict[str, Any] = field(default_factory=dict)
     subscriber: str = "c"  # the VN whose subscriber this tally counts
     round_asked: float | None = None  # monotonic time the live round under way was asked
+    # monotonic time the moved VN's replicas were killed (rewire), taken just before the
+    # kills: they block the event loop until every victim exited, so a publication whose
+    # publish() returned after it cannot have reached them
+    vn_down: float | None = None
     # Other subscribers' tallies (same publications, their own deliveries), by VN.
     others: dict[str, Tally] = field(default_factory=dict)
 
@@ -511,9 +515,10 @@ def rewire(
             await rolling(x)
         tally.faults.append(f"rolling restart of {', '.join(gains)} accepting {vn}")
         victims = overlay.replicas_of(vn)
+        tally.vn_down = time.monotonic()
         for b in victims:
             overlay.kill(b)
-        tally.notes["vn down at s"] = round(time.monotonic() - tally.fault_start, 1)
+        tally.notes["vn down at s"] = round(tally.vn_down - tally.fault_start, 1)
         await asyncio.sleep(down)
         await asyncio.to_thread(overlay.start_many, victims)
         tally.faults.append(
