@@ -789,7 +789,7 @@ def work_breakdown(run: Any, pubs: int) -> dict[str, float]:
                 break
     row = {k: v / pubs for k, v in row.items()}
     row["Shamir split/combine"] = shamir_us / pubs
-    row["other Python (records, checks, assembly)"] = wall - sum(row.values())
+    row["other Python (shares, checks, assembly)"] = wall - sum(row.values())
     row["total"] = wall
     row["signs / publication"] = calls["sign"] / pubs
     row["verifies / publication"] = calls["verify"] / pubs
@@ -963,12 +963,15 @@ async def orchestrate(args: argparse.Namespace) -> None:
         cells = " | ".join(f"{breakdown[h][key]:>14,.1f}" for h in head)
         print(f"| {key:<43} | {cells} |")
     extra = cpu["confidential"] - cpu["plain"]
+    content = cpu[EPOCH_MODE] - cpu["plain"]
     model = breakdown[head[-1]]["total"]
     print(
         f"in the overlay's stream a confidential publication cost {extra:,.0f} µs of CPU more "
-        f"than a plain one (all processes); the share work above ({head[-1]}) is "
-        f"{model:,.0f} µs of it: the other {extra - model:,.0f} µs are the content's security "
-        "block, frames, the event loop and the brokers' and SDK's bookkeeping of shares"
+        f"than a plain one (all processes): about {content:,.0f} µs for its content (the "
+        f"key_refresh = {EPOCH} stream's extra, whose shares travel once per {EPOCH}), "
+        f"{model:,.0f} µs of share work (the table above, {head[-1]}) and "
+        f"{extra - content - model:,.0f} µs for handling the shares around that work "
+        "(frames and statements on the wire, paths, votes, per-epoch tables, the event loop)"
     )
     print(f"broker log warnings/errors: {len(warnings)}")
     for line in warnings[:8]:
