@@ -822,7 +822,8 @@ class Client:
         self._current_epochs: OrderedDict[str, KeyAssembly] = OrderedDict()
         # epochs whose shares arrived in the current read (tried once it is decoded)
         self._arrived: dict[tuple[str, int], KeyAssembly] = {}
-        # whether a read is being handled (its epochs are tried at its end, together)
+        # whether a read is being handled (its epochs are tried together once the loop
+        # iteration's reads are all in: _recover_arrived)
         self._reading = False
         self._recover_due = False  # _recover_arrived is scheduled
         # epochs to audit once this pass's deliveries are out (:meth:`_audit_soon`)
