@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import broker.client
+import security.pass_keys
 import security.publication
 from analytics.schema import read_records
 from broker.client import Client
@@ -67,13 +68,17 @@ async def confidential_exchange(
     wait: float = 10.0,
     audit_wait: float = 5.0,
     share_form: str = "pass",
+    prepare: Callable[[Client], None] | None = None,
 ) -> tuple[list[tuple[int, bytes]], Client]:
     """Publish ``count`` confidential messages at the first VN; what the last VN's
     subscriber decrypted, in order (the subscriber client is returned closed, after up to
-    ``audit_wait`` seconds for the shares that trail the deliveries)."""
+    ``audit_wait`` seconds for the shares that trail the deliveries). ``prepare`` is
+    called with the subscriber's client before it connects."""
     vns = sorted(overlay.tree.brokers)
     pub = Client(overlay.endpoints(vns[0]), client_id="pub", share_form=share_form)
     sub_client = Client(overlay.endpoints(vns[-1]), client_id="sub", manifest=overlay.manifest)
+    if prepare is not None:
+        prepare(sub_client)
     async with pub, sub_client, sub_client.subscribe("class = 'secret'") as sub:
         await pub.advertise("class = 'secret'")
         await asyncio.to_thread(overlay.wait_quiet)
@@ -293,6 +298,65 @@ async def test_bad_shares_are_blamed_on_their_producer_in_metrics(run_vns, share
     assert all(b.keys() == {"b0.2"} and b["b0.2"] >= 4 for b in next_hop)
     after_equivocator = [await asyncio.to_thread(blamed, b) for b in ("b2.0", "b2.1", "b2.2")]
     assert all(set(b) <= {"b1.0"} for b in after_equivocator), "no honest broker is blamed"
+
+
+async def test_a_subscriber_handed_every_leaf_at_once_still_names_an_equivocator(
+    run_vns, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the leaves of all three replicas of its VN come together, a subscriber's first
+    pass over them is also its check (it is not rebuilt): what that pass found wrong must
+    still send it to the audit that names the equivocator. The leaves are held here until
+    the links go quiet, then handed over at once; no audit is drawn by sample, so the
+    equivocator is named only if the first pass's findings reach the check."""
+    overlay = run_vns([3, 3, 3], {"b1.0": {"byzantine": "equivocate"}})
+    held: list[tuple[Any, Any]] = []
+    reused = 0
+    whole = security.pass_keys._whole
+
+    class NeverDrawn:
+        @staticmethod
+        def randrange(n: int) -> int:
+            return n - 1
+
+    monkeypatch.setattr(security.pass_keys, "_draw", NeverDrawn())
+
+    def counting(state: Any, view: Any) -> Any:
+        nonlocal reused
+        found = whole(state, view)
+        reused += found is not None
+        return found
+
+    monkeypatch.setattr(security.pass_keys, "_whole", counting)
+    releasing: list[asyncio.Task[None]] = []
+
+    def prepare(client: Client) -> None:
+        take = client._leaves_arrived
+
+        def hold(link: Any, msg: Any) -> None:
+            held.append((link, msg))
+
+        async def release() -> None:
+            seen = 0
+            while True:
+                await asyncio.sleep(1.0)
+                if held and len(held) == seen:
+                    for link, msg in held:
+                        take(link, msg)
+                    held.clear()
+                    client._recover_arrived()
+                seen = len(held)
+
+        client._leaves_arrived = hold  # type: ignore[method-assign]
+        releasing.append(asyncio.create_task(release()))
+
+    try:
+        got, sub_client = await confidential_exchange(overlay, 4, audit_wait=30.0, prepare=prepare)
+    finally:
+        for task in releasing:
+            task.cancel()
+    assert got == expected(4)
+    assert reused == len(got), "an epoch's leaves did not come all at once"
+    assert sub_client.share_culprits() == {"b1.0"}
 
 
 @SHARE_FORMS
