@@ -57,8 +57,6 @@ from security.paths import PathVote, path_view
 from security.propagation import PathView, PropagationError, silent_senders
 from security.publication import SecBlock, epoch_of
 
-T = TypeVar("T")
-
 
 class ShareHost(Protocol):
     """What key shares by the pass share with the record form in a broker
@@ -112,10 +110,6 @@ class ShareHost(Protocol):
 
     def sample_relay(self) -> bool: ...
 
-    def remember(
-        self, table: OrderedDict[tuple[str, int], list[T]], key: tuple[str, int]
-    ) -> list[T]: ...
-
     def blame(self, key: tuple[str, int], broker: str, detail: str, sender: str | None) -> None: ...
 
     def log_share(
@@ -136,17 +130,18 @@ CLAIM_MEMORY = 1 << 14
 LINK_MEMORY = 1 << 13
 """Statement references a link remembers having carried (each travels once per link)."""
 
-_EPOCH_MEMORY = 4096
+EPOCH_MEMORY = 4096
+"""Key epochs a broker's per-epoch tables hold (both forms'): past it the oldest goes."""
 
 V = TypeVar("V")
 
 
-def _entry(table: OrderedDict[Key, V], key: Key, make: Callable[[], V]) -> V:
-    """``table[key]``, made if missing; past :data:`_EPOCH_MEMORY` epochs the oldest goes."""
+def epoch_entry(table: OrderedDict[Key, V], key: Key, make: Callable[[], V]) -> V:
+    """``table[key]``, made if missing; past :data:`EPOCH_MEMORY` epochs the oldest goes."""
     value = table.get(key)
     if value is None:
         value = table[key] = make()
-        if len(table) > _EPOCH_MEMORY:
+        if len(table) > EPOCH_MEMORY:
             table.popitem(last=False)
     return value
 
@@ -226,7 +221,7 @@ class PassForwarding:
         for pub_id in {entry.pub_id for entry in statement.entries}:
             named = epoch_of(pub_id)
             if named is not None:
-                heard = owner.remember(owner.heard, named)
+                heard = epoch_entry(owner.heard, named, list)
                 if sender not in heard:
                     heard.append(sender)
         shares, bad = open_pass(statement, msg.blob, owner.replica)
@@ -261,7 +256,7 @@ class PassForwarding:
         owner = self.owner
         sec = owner.secs.get(key)
         if sec is None:
-            owner.remember(self.waiting, key).append(item)
+            epoch_entry(self.waiting, key, list).append(item)
             return
         claim = item.claim or self._claim(key, item)
         if claim is None:
@@ -272,8 +267,8 @@ class PassForwarding:
         if view is not None:
             self._accept(key, item, view)
             return
-        owner.remember(self.waiting, key).append(item._replace(claim=claim))
-        vote = _entry(self.votes, key, PathVote)
+        epoch_entry(self.waiting, key, list).append(item._replace(claim=claim))
+        vote = epoch_entry(self.votes, key, PathVote)
         assert owner.manifest is not None
         if vote.vouch(owner.manifest, claim, item.sender) is not None:
             self._open_path(key, claim)
@@ -309,7 +304,7 @@ class PassForwarding:
         except (PropagationError, KeyError) as exc:
             log.warning("cannot verify shares of %s/%d: %s", key[0], key[1], exc)
             return
-        _entry(self.paths, key, dict)[claim] = view
+        epoch_entry(self.paths, key, dict)[claim] = view
         waiting = self.waiting.pop(key, [])
         rest = [item for item in waiting if item.claim != claim]
         if rest:
@@ -326,7 +321,7 @@ class PassForwarding:
         if problem is not None:
             owner.blame(key, item.sender, f"bad_share: {problem}", item.sender)
             return
-        held = _entry(self.held, key, dict)
+        held = epoch_entry(self.held, key, dict)
         lineage = item.share.lineage
         if lineage in held:
             return  # an honest sender sends each share once; the first one is kept
@@ -487,7 +482,7 @@ class PassForwarding:
         bad = self._bad_seals
         if statement.ref not in bad:
             bad[statement.ref] = None
-            if len(bad) > _EPOCH_MEMORY:
+            if len(bad) > EPOCH_MEMORY:
                 bad.popitem(last=False)
             key = epoch_of(accepted.share.pub_id) or (accepted.sender, 0)
             owner.blame(

@@ -44,11 +44,10 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TypeVar
 
 from broker.daemon.config import BrokerConfig, NeighbourConfig
 from broker.daemon.hops import Hop, Member, VNHop
-from broker.daemon.passes import PassForwarding
+from broker.daemon.passes import EPOCH_MEMORY, PassForwarding, epoch_entry
 from broker.daemon.stats import BrokerStats
 from broker.daemon.traffic_log import TrafficLog
 from broker.wire.protocol import Publish, Shares
@@ -70,10 +69,6 @@ from security.propagation import (
 from security.publication import SecBlock, publication_id, signature_valid
 
 log = logging.getLogger("trellis.security")
-
-T = TypeVar("T")
-
-_EPOCH_MEMORY = 4096
 
 Pending = tuple[ShareRecord, str, tuple[str, ...] | None]
 """A share not verified yet: record, sender, the path it claims (None: unknown)."""
@@ -267,16 +262,6 @@ class SecureForwarding:
             return f"share {record.lineage} is not for replica {self.replica}"
         return None
 
-    def remember(
-        self, table: OrderedDict[tuple[str, int], list[T]], key: tuple[str, int]
-    ) -> list[T]:
-        entry = table.get(key)
-        if entry is None:
-            entry = table[key] = []
-            if len(table) > _EPOCH_MEMORY:
-                table.popitem(last=False)
-        return entry
-
     def routed(self, publisher: str, epoch: int, targets: Iterable[Hop], sec: SecBlock) -> None:
         """A publication of ``epoch`` went to ``targets``: serve the hops new to the epoch."""
         if not self.enabled:
@@ -284,12 +269,12 @@ class SecureForwarding:
         key = (publisher, epoch)
         if key not in self.secs:
             self.secs[key] = sec
-            if len(self.secs) > _EPOCH_MEMORY:
+            if len(self.secs) > EPOCH_MEMORY:
                 self.secs.popitem(last=False)
             self._open_inboxes(key)
             if self.member:
                 self._expect(key)
-        served = self.remember(self.served, key)
+        served = epoch_entry(self.served, key, list)
         held = self.held.get(key, ())
         new: list[Hop] = []
         for hop in targets:
@@ -345,7 +330,7 @@ class SecureForwarding:
         key = (publisher, epoch)
         if sender is None:
             sender = publisher
-        heard = self.remember(self.heard, key)
+        heard = epoch_entry(self.heard, key, list)
         if sender not in heard:
             heard.append(sender)
         sec = self.secs.get(key)
@@ -354,7 +339,7 @@ class SecureForwarding:
         if inbox is not None:
             self._accept(key, inbox, record, sender)
         elif sec is None or path is not None:
-            pending = self.remember(self.unverified, key)
+            pending = epoch_entry(self.unverified, key, list)
             # A sender that already vouched for this path adds no vote: the path is still
             # not agreed, so recounting every waiting share (quadratic in a frame's shares
             # of one epoch) would change nothing.
@@ -384,7 +369,7 @@ class SecureForwarding:
         opened = self.inboxes.get(key)
         if opened is None:
             opened = self.inboxes[key] = {}
-            if len(self.inboxes) > _EPOCH_MEMORY:
+            if len(self.inboxes) > EPOCH_MEMORY:
                 self.inboxes.popitem(last=False)
         vote = PathVote()
         claims: list[Pending] = []
@@ -445,7 +430,7 @@ class SecureForwarding:
             return
         self.log_share(key[0], key[1], sender, None, None)
         entry = (record, inbox, sender)
-        self.remember(self.held, key).append(entry)
+        epoch_entry(self.held, key, list).append(entry)
         for hop in self.served.get(key, ()):
             self._send(hop, key[0], key[1], entry)
 
@@ -465,7 +450,7 @@ class SecureForwarding:
                 prompt = self._prompt.get((publisher, epoch))
                 if prompt is None:
                     prompt = self._prompt[publisher, epoch] = {}
-                    if len(self._prompt) > _EPOCH_MEMORY:
+                    if len(self._prompt) > EPOCH_MEMORY:
                         self._prompt.popitem(last=False)
                 done = prompt.get(hop, 0)
                 if done >= upstream - 1:
@@ -500,7 +485,7 @@ class SecureForwarding:
         bad = self._bad_seals
         if cert not in bad:
             bad[cert] = None
-            if len(bad) > _EPOCH_MEMORY:
+            if len(bad) > EPOCH_MEMORY:
                 bad.popitem(last=False)
             self.blame(
                 (publisher, epoch),
