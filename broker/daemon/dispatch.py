@@ -61,6 +61,7 @@ from broker.daemon.sessions import (
     Sessions,
     recent_deliveries,
 )
+from broker.daemon.shares import DISABLED
 from broker.daemon.stats import BrokerStats
 from broker.daemon.tls import BrokerTLS
 from broker.daemon.topic_guard import TopicGuard
@@ -536,13 +537,7 @@ class Connection(asyncio.Protocol):
             # The root split of the keys this client publishes under (before their PUBLISH).
             assert self.peer_id is not None
             if not broker.shares.enabled:
-                self.reject(
-                    0,
-                    InvalidRequest(
-                        "PASS: this broker has no key or manifest: confidential forwarding "
-                        "is disabled"
-                    ),
-                )
+                self.reject(0, InvalidRequest(f"PASS: {DISABLED}"))
                 return
             broker.shares.passes.pass_arrived(msg, self.peer_id)
             return

@@ -70,6 +70,9 @@ from security.publication import SecBlock, publication_id, signature_valid
 
 log = logging.getLogger("trellis.security")
 
+DISABLED = "this broker has no key or manifest: confidential forwarding is disabled"
+"""Why a broker refuses confidential traffic when it cannot sign or verify shares."""
+
 Pending = tuple[ShareRecord, str, tuple[str, ...] | None]
 """A share not verified yet: record, sender, the path it claims (None: unknown)."""
 
@@ -238,7 +241,7 @@ class SecureForwarding:
     def check_publish(self, publisher: str, msg: Publish) -> str | None:
         """Why a client's confidential PUBLISH is unacceptable here, or None."""
         if not self.enabled:
-            return "this broker has no key or manifest: confidential forwarding is disabled"
+            return DISABLED
         sec = msg.sec
         assert sec is not None
         if sec.vn != self.vn:
