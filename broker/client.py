@@ -820,7 +820,7 @@ class Client:
         self._assemblies: OrderedDict[tuple[str, int], KeyAssembly] = OrderedDict()
         # each publisher's current epoch, kept when _assemblies lets it go (see _assembly)
         self._current_epochs: OrderedDict[str, KeyAssembly] = OrderedDict()
-        # epochs whose shares arrived in the current read (tried once it is decoded)
+        # epochs whose shares arrived in this loop iteration's reads (tried after them)
         self._arrived: dict[tuple[str, int], KeyAssembly] = {}
         # whether a read is being handled (its epochs are tried together once the loop
         # iteration's reads are all in: _recover_arrived)
@@ -1954,8 +1954,8 @@ class Client:
         if assembly.sec is None:
             assembly.sec = delivery.sec
         if assembly.passes is not None and assembly.key is None and self._reading:
-            # Shares by the pass: tried with the rest of the read, at its end (one
-            # reconstruction for the epochs of a pass), which flushes what it opens.
+            # Shares by the pass: tried with the rest of this loop iteration's reads, after
+            # them (one reconstruction for the epochs of a pass), which flushes what it opens.
             self._arrived[delivery.publisher, delivery.sec.epoch] = assembly
             return None
         assembly.recover(self.manifest, self.vn, audit=False)
