@@ -64,27 +64,40 @@ def claimed_pass_path(
     return claim
 
 
+Path = tuple[str, ...]
+
+
 @dataclass
 class _Epoch:
-    """What :class:`PassKeys` knows of one epoch: paths vouched for, leaves read so far."""
+    """What :class:`PassKeys` knows of one epoch: paths vouched for, leaves read so far.
+
+    Counts are per claimed path: during a move an epoch's leaves can come along an old and
+    a new path, and each path is complete (and rebuilt) on its own leaves."""
 
     vote: PathVote = field(default_factory=PathVote)
-    paths: dict[tuple[str, ...], PathView] = field(default_factory=dict)
-    classified: int = 0
-    senders: set[str] = field(default_factory=set)
-    claimed: set[tuple[str, bytes]] = field(default_factory=set)  # (sender, statement) read
+    paths: dict[Path, PathView] = field(default_factory=dict)
+    classified: int = 0  # leaves read
+    counts: dict[Path, int] = field(default_factory=dict)  # leaves read per claimed path
+    # the path each (statement, parent statement) of a leaf claims, read once
+    claims: dict[tuple[bytes, bytes], Path] = field(default_factory=dict)
     checked: bool = False  # the complete set was looked at (its leaves then let go)
     audited_at: int = -1  # leaves in at the last late audit (:meth:`PassKeys.audit_late`)
-    tried: tuple[int, bool] = (0, False)  # (leaves, distrust) of the last try without a key
-    # a quick pass over every leaf (leaves read, its result): the check's own first step
+    # per path, (its leaves, distrust) of the last try without a key
+    tried: dict[Path, tuple[int, bool]] = field(default_factory=dict)
+    # a quick pass over every leaf of a path (its leaves, the view, the result): the
+    # check's own first step
     whole: tuple[int, PathView, Reconstruction] | None = None
 
 
-def _whole(state: _Epoch, view: PathView) -> Reconstruction | None:
-    """The quick pass kept in ``state`` if it was over ``view`` and every leaf read so far
-    (then it is the check's own first step), else None."""
+_Member = tuple["KeyAssembly", _Epoch, Path]
+"""An epoch to rebuild or check along one of its paths."""
+
+
+def _whole(state: _Epoch, claim: Path, view: PathView) -> Reconstruction | None:
+    """The quick pass kept in ``state`` if it was over ``view`` and every leaf of its path
+    read so far (then it is the check's own first step), else None."""
     whole = state.whole
-    if whole is None or whole[0] != state.classified or whole[1] is not view:
+    if whole is None or whole[0] != state.counts.get(claim) or whole[1] is not view:
         return None
     return whole[2]
 
@@ -156,29 +169,29 @@ class PassKeys:
 
         The epochs of one path are rebuilt together (:meth:`Assembly.reconstruct_many`:
         one combine per level for all of them), as a pass of a stream arrives together."""
-        groups: dict[tuple[int, bool, bool], tuple[PathView, list[tuple[KeyAssembly, _Epoch]]]]
-        groups = {}
-        checks: dict[int, tuple[PathView, list[tuple[KeyAssembly, _Epoch]]]] = {}
+        groups: dict[tuple[int, bool, bool], tuple[PathView, list[_Member]]] = {}
+        checks: dict[int, tuple[PathView, list[_Member]]] = {}
         for keys in many:
             state = self._classify(keys, manifest, holder_vn, audit)
             if state is None:
                 continue
-            for view in state.paths.values():
-                if len(state.senders) < threshold_for(len(view.vns[-1])):
+            for claim, view in state.paths.items():
+                if len(state.vote.votes[claim]) < threshold_for(len(view.vns[-1])):
                     continue  # each node of the last level needs k of its holders
-                complete = state.classified >= math.prod(len(vn) for vn in view.vns)
+                count = state.counts.get(claim, 0)
+                complete = count >= math.prod(len(vn) for vn in view.vns)
                 if keys.key is None:
-                    attempt = (state.classified, keys.distrust)
-                    if state.tried == attempt:
+                    attempt = (count, keys.distrust)
+                    if state.tried.get(claim) == attempt:
                         continue  # nothing new since the last try (a delivery per copy)
-                    state.tried = attempt
+                    state.tried[claim] = attempt
                     group = (id(view), complete, keys.distrust)
-                    groups.setdefault(group, (view, []))[1].append((keys, state))
+                    groups.setdefault(group, (view, []))[1].append((keys, state, claim))
                 elif audit and complete and not state.checked:
-                    checks.setdefault(id(view), (view, []))[1].append((keys, state))
+                    checks.setdefault(id(view), (view, []))[1].append((keys, state, claim))
         for (_, complete, distrust), (view, members) in groups.items():
             found = self._reconstruct(members, view, audit=distrust, complete=complete)
-            for (keys, state), result in zip(members, found, strict=True):
+            for (keys, state, claim), result in zip(members, found, strict=True):
                 if distrust:
                     self._blame(keys, result.culprits)
                 if keys.key is None and result.key is not None:
@@ -186,14 +199,14 @@ class PassKeys:
                     if complete and (audit or distrust):
                         # The quick pass over every leaf is the check's own first step.
                         self._judge(keys, state, view, result, audited=distrust)
-                    elif complete:
-                        state.whole = (state.classified, view, result)  # for the check
+                    elif complete:  # for the check
+                        state.whole = (state.counts[claim], view, result)
         for view, members in checks.values():
-            waiting = [(keys, state) for keys, state in members if not state.checked]
-            kept = [_whole(state, view) for _, state in waiting]
+            waiting = [item for item in members if not item[1].checked]
+            kept = [_whole(state, claim, view) for _, state, claim in waiting]
             again = [item for item, whole in zip(waiting, kept, strict=True) if whole is None]
             rebuilt = iter(self._reconstruct(again, view, audit=False, complete=True))
-            for (keys, state), whole in zip(waiting, kept, strict=True):
+            for (keys, state, _), whole in zip(waiting, kept, strict=True):
                 result = next(rebuilt) if whole is None else whole
                 self._judge(keys, state, view, result, audited=False)
 
@@ -215,18 +228,23 @@ class PassKeys:
             return None  # (a call per delivery: nothing to do until the check)
         assembly = self.assembly
         leaves = assembly.leaves(publication_id(publisher, epoch))
+        claims, counts, votes = state.claims, state.counts, state.vote.votes
         for sender, statement, entry, _ in leaves[state.classified :]:
-            state.senders.add(sender)
-            read = (sender, statement.ref)
-            if read in state.claimed:
-                continue  # one path per sender and statement is all the vote needs
-            state.claimed.add(read)
-            claim = claimed_pass_path(
-                manifest, sec, statement, entry, assembly.statements, holder_vn
-            )
-            if claim is None or claim in state.paths:
-                continue
-            if state.vote.vouch(manifest, claim, sender) is not None:
+            # The path is read once per statement and the one above this leaf's node (a
+            # statement can hold the nodes of two paths after a move).
+            read = (statement.ref, entry.parent)
+            claim = claims.get(read)
+            if claim is None:
+                found = claimed_pass_path(
+                    manifest, sec, statement, entry, assembly.statements, holder_vn
+                )
+                if found is None:
+                    continue
+                claim = claims[read] = found
+            counts[claim] = counts.get(claim, 0) + 1
+            if sender in votes.get(claim, ()):
+                continue  # one vouch per sender and path is all the vote needs
+            if state.vote.vouch(manifest, claim, sender) is not None and claim not in state.paths:
                 try:
                     state.paths[claim] = path_view(manifest, publisher, sec, claim)
                 except (PropagationError, KeyError) as exc:
@@ -236,13 +254,13 @@ class PassKeys:
 
     def _reconstruct(
         self,
-        members: list[tuple[KeyAssembly, _Epoch]],
+        members: list[_Member],
         view: PathView,
         *,
         audit: bool,
         complete: bool,
     ) -> list[Reconstruction]:
-        pub_ids = [publication_id(keys.publisher, keys.seq) for keys, _ in members]
+        pub_ids = [publication_id(keys.publisher, keys.seq) for keys, _, _ in members]
         found = self.assembly.reconstruct_many(
             pub_ids, view, seals=self.seals, audit=audit, complete=complete
         )

@@ -623,12 +623,14 @@ class Assembly:
         depth = path.depth
         blames: list[Blame] = []
 
-        # The entries for this publication under each statement, shapes checked.
+        # The entries for this publication made along this path, under each statement,
+        # shapes checked.
+        along, marks = _along(self._entries.get(pub_id, ()), path)
         mine: dict[bytes, list[Entry]] = {}
         unfit: set[bytes] = set()
         # (the statements themselves from the entries: the store may have let one go)
         statements: dict[bytes, PassStatement] = {}
-        for statement, entry in self._entries.get(pub_id, ()):
+        for statement, entry in along:
             ref = statement.ref
             statements[ref] = statement
             if ref in unfit:
@@ -687,8 +689,8 @@ class Assembly:
         candidates: dict[Lineage, dict[bytes, bytes]] = defaultdict(dict)
         holders = {m.id: x for x, m in enumerate(path.vns[depth - 1])}
         for sender, statement, entry, opening in self._leaves.get(pub_id, ()):
-            if not sealed.get(statement.ref, False):
-                continue  # a statement unfit for this path, or set aside (unproven)
+            if not sealed.get(statement.ref, False) or (statement.ref, entry.node) not in marks:
+                continue  # another path's, a statement unfit for this one, or set aside
             holder = holders.get(sender)
             if holder is None or len(entry.node) != depth - 1 or holder >= statement.r:
                 blames.append(
@@ -713,6 +715,37 @@ class Assembly:
             for node, stated in versions.items()
         }
         return blames, splits, candidates
+
+
+def _along(
+    pairs: Iterable[tuple[PassStatement, Entry]], path: PathView
+) -> tuple[list[tuple[PassStatement, Entry]], set[tuple[bytes, Lineage]]]:
+    """The entries of one publication made along ``path``, and their (statement reference,
+    node): top down, each split toward the path's VN of its level by a replica of the VN
+    above (:meth:`PathView.carries`) under a statement that is on the path itself.
+
+    A move can send a publication's shares along an old and a new path at once (an edge
+    replica splits its node toward both next VNs, a replica further down splits what came
+    both ways in one statement): each path is rebuilt from its own splits. Two splits of a
+    node toward two VNs are no equivocation, and the other path's entries are no fault."""
+    levels: dict[int, list[tuple[PassStatement, Entry]]] = defaultdict(list)
+    for pair in pairs:
+        levels[len(pair[1].node)].append(pair)
+    kept: list[tuple[PassStatement, Entry]] = []
+    marks: set[tuple[bytes, Lineage]] = set()
+    above: set[bytes] = set()
+    for level in range(path.depth):
+        refs: set[bytes] = set()
+        for statement, entry in levels.get(level, ()):
+            if not path.carries(statement.splitter, statement.toward, level):
+                continue
+            if level and entry.parent not in above:
+                continue
+            kept.append((statement, entry))
+            marks.add((statement.ref, entry.node))
+            refs.add(statement.ref)
+        above = refs
+    return kept, marks
 
 
 class _Version(NamedTuple):

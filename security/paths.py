@@ -70,7 +70,7 @@ _Slots = tuple[tuple[tuple[Member, ...], ...], tuple[frozenset[int], ...]]
 _PATH_CACHE: WeakKeyDictionary[Membership, dict[tuple[str, ...], _Slots]]
 _PATH_CACHE = WeakKeyDictionary()
 # (publisher, its public key, path) -> view, newest last; bounded.
-_VIEWS: OrderedDict[tuple[str, bytes, _Slots], PathView] = OrderedDict()
+_VIEWS: OrderedDict[tuple[str, bytes, tuple[str, ...], _Slots], PathView] = OrderedDict()
 _VIEW_MEMORY = 1024
 
 
@@ -93,11 +93,11 @@ def path_view(
             ),
             tuple(manifest.schemes(vn) for vn in path),
         )
-    key = (publisher, sec.pk, slots)
+    key = (publisher, sec.pk, path, slots)
     view = _VIEWS.get(key)
     if view is None:
         publisher_member = Member(publisher, public_key_from_bytes(sec.pk))
-        view = _VIEWS[key] = PathView(publisher_member, *slots)
+        view = _VIEWS[key] = PathView(publisher_member, *slots, names=path)
         if len(_VIEWS) > _VIEW_MEMORY:
             _VIEWS.popitem(last=False)
     return view

@@ -172,11 +172,16 @@ class PathView:
             Replicas attach and detach live, so splits made before and after a switch
             coexist; a split toward r replicas is for the first r slots, and each node is
             reconstructed under its own certificate's (k, r), never from a mix.
+        names: the VNs' names (optional): with them, :meth:`carries` tells the splits made
+            along this path from those made toward other VNs (a publication's shares can
+            travel an old and a new path during a move).
     """
 
     publisher: Member
     vns: tuple[tuple[Member, ...], ...]
     sizes: tuple[frozenset[int], ...] = ()
+    names: tuple[str, ...] = ()
+    _levels: dict[str, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.vns or any(not vn for vn in self.vns):
@@ -190,6 +195,10 @@ class PathView:
             for rs, vn in zip(self.sizes, self.vns, strict=False)
         ):
             raise PropagationError("each VN needs replica counts between 1 and its slots")
+        if self.names and len(self.names) != len(self.vns):
+            raise PropagationError("a path names each of its VNs or none")
+        levels = {member.id: d for d, vn in enumerate(self.vns) for member in vn}
+        object.__setattr__(self, "_levels", levels)
 
     @property
     def depth(self) -> int:
@@ -209,6 +218,15 @@ class PathView:
         """The replicas of VN_``level`` under every allowed count (those that always hold
         a share of what reaches the VN)."""
         return self.vns[level - 1][: min(self.sizes[level - 1])]
+
+    def carries(self, splitter: str, toward: str, level: int) -> bool:
+        """Whether ``splitter``'s split of a node at ``level`` (its lineage's length) toward
+        VN ``toward`` is one made along this path: the children live on the path's VN at
+        that level and, below the root, the splitter is a replica of the VN above (a view
+        without names checks the levels only)."""
+        if level >= len(self.vns) or (self.names and self.names[level] != toward):
+            return False
+        return level == 0 or self._levels.get(splitter) == level - 1
 
     def splitter(self, node: Lineage) -> Member:
         """The broker entitled to split ``node`` (the publisher for the root)."""

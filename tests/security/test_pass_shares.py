@@ -529,3 +529,58 @@ def test_a_leaf_delivered_twice_counts_once() -> None:
     assembly = _assembly(statements, partial + partial)
     assert len(assembly.leaves(b"pub/1")) == 6
     assert assembly.reconstruct(b"pub/1", world.path) == (keys[b"pub/1"], ())
+
+
+@pytest.mark.parametrize("last", [1, 3])
+def test_a_key_split_over_an_old_and_a_new_path_comes_back_on_each_with_no_blame(
+    last: int,
+) -> None:
+    """A move puts v2 next to v0 while a publication's shares are on their way: each edge
+    replica splits its share toward the old next VN (v1) and the new one (v2), and v2's
+    replicas split what came both ways toward v3 in one statement each. Both paths reach the
+    subscriber; each path's reconstruction reads the splits made along it only. Two splits
+    of a node toward two VNs are no equivocation, and a statement holding entries of two
+    paths is no fault of its splitter."""
+    sizes = {"v0": 3, "v1": 3, "v2": 3, "v3": last}
+    names = [f"{vn}.{i}" for vn, r in sizes.items() for i in range(r)]
+    signers = {name: Signer.generate(name) for name in ["pub", *names]}
+
+    def view(*vns: str) -> PathView:
+        members = tuple(
+            tuple(Member(f"{vn}.{i}", signers[f"{vn}.{i}"].public_key) for i in range(sizes[vn]))
+            for vn in vns
+        )
+        return PathView(Member("pub", signers["pub"].public_key), members, names=vns)
+
+    held: dict[str, list[Held]] = {name: [] for name in names}
+    under: dict[str, dict[bytes, PassStatement]] = {name: {} for name in names}
+    statements: list[PassStatement] = []
+
+    def split(splitter: str, toward: str, shares: list[Held]) -> None:
+        statement, blobs = split_pass(signers[splitter], toward, 0, sizes[toward], shares)
+        statements.append(statement)
+        for j, blob in enumerate(blobs):
+            got, bad = open_pass(statement, blob, j)
+            assert not bad
+            held[f"{toward}.{j}"] += got
+            under[f"{toward}.{j}"][statement.ref] = statement
+
+    keys = {b"pub/0": os.urandom(32)}
+    split("pub", "v0", root_holdings(keys.items()))
+    for i in range(3):
+        split(f"v0.{i}", "v1", held[f"v0.{i}"])
+        split(f"v0.{i}", "v2", held[f"v0.{i}"])
+    for j in range(3):
+        split(f"v1.{j}", "v2", held[f"v1.{j}"])
+    for j in range(3):
+        split(f"v2.{j}", "v3", held[f"v2.{j}"])
+    deliveries = [
+        (f"v3.{x}", batch)
+        for x in range(last)
+        for batch in leaf_batches(held[f"v3.{x}"], under[f"v3.{x}"])
+    ]
+    assembly = _assembly(statements, deliveries)
+    for path in (view("v0", "v1", "v2", "v3"), view("v0", "v2", "v3")):
+        for audit in (False, True):
+            found = assembly.reconstruct(b"pub/0", path, audit=audit, complete=True)
+            assert found == (keys[b"pub/0"], ()), (path.names, audit)

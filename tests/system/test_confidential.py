@@ -320,9 +320,9 @@ async def test_a_subscriber_handed_every_leaf_at_once_still_names_an_equivocator
 
     monkeypatch.setattr(security.pass_keys, "_draw", NeverDrawn())
 
-    def counting(state: Any, view: Any) -> Any:
+    def counting(state: Any, claim: Any, view: Any) -> Any:
         nonlocal reused
-        found = whole(state, view)
+        found = whole(state, claim, view)
         reused += found is not None
         return found
 
