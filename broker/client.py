@@ -513,6 +513,8 @@ class Subscription:
         confirmed = self._confirmed.setdefault(publisher, {})
         now = asyncio.get_running_loop().time()
         for seq, delivery in released:
+            if delivery.sec is not None and seq not in confirmed:
+                self.client._await_key(publisher, delivery.sec.epoch)
             confirmed[seq] = (delivery, now)
         self._delivered[publisher] = released[-1][0]
         self._flush(publisher)
@@ -555,6 +557,7 @@ class Subscription:
                         self._wait_for_key(self.client.key_patience - waited)
                         return
                     del confirmed[seq]
+                    self.client._release_key(publisher, delivery.sec.epoch)
                     self.keys_missing += 1
                     log.warning(
                         "subscription %s: confidential publication %s/%d given up: its key "
@@ -565,6 +568,7 @@ class Subscription:
                         self.client.key_patience,
                     )
                     continue
+                self.client._release_key(publisher, delivery.sec.epoch)
                 delivery = Delivery(
                     delivery.attrs, plaintext, publisher, seq, delivery.sub_id, delivery.sec
                 )
@@ -589,6 +593,11 @@ class Subscription:
             self._queue.put_nowait(delivery)
 
     def _end(self) -> None:
+        for publisher, confirmed in self._confirmed.items():
+            for delivery, _ in confirmed.values():
+                if delivery.sec is not None:
+                    self.client._release_key(publisher, delivery.sec.epoch)
+        self._confirmed.clear()
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
@@ -817,6 +826,9 @@ class Client:
         self.vn: str | None = None
         self.vn_size = len(self.endpoints)
         self._assemblies: OrderedDict[tuple[str, int], KeyAssembly] = OrderedDict()
+        # epochs agreed deliveries wait on to be handed out (their assemblies, and how many
+        # wait): out of _assemblies' bound until the last is out (see _await_key)
+        self._awaited: dict[tuple[str, int], tuple[KeyAssembly, int]] = {}
         # each publisher's current epoch, kept when _assemblies lets it go (see _assembly)
         self._current_epochs: OrderedDict[str, KeyAssembly] = OrderedDict()
         # epochs whose shares arrived in this loop iteration's reads (tried after them)
@@ -1813,16 +1825,58 @@ class Client:
         if assembly is not None:
             assemblies.move_to_end(key)
             return assembly
+        awaited = self._awaited.get(key)
+        if awaited is not None:
+            return awaited[0]
         current = self._current_epochs.get(publisher)
         if current is not None and current.seq == seq:
             assembly = assemblies[key] = current
         else:
             assembly = assemblies[key] = KeyAssembly(publisher, seq)
-        if len(assemblies) > _KEY_MEMORY:
+        self._bound_assemblies()
+        return assembly
+
+    def _bound_assemblies(self) -> None:
+        assemblies = self._assemblies
+        while len(assemblies) > _KEY_MEMORY:
             (old_publisher, old_seq), old = assemblies.popitem(last=False)
             if self._current_epochs.get(old_publisher) is not old:
                 self._passes.forget(old_publisher, old_seq)
-        return assembly
+
+    def _await_key(self, publisher: str, epoch: int) -> None:
+        """An agreed delivery of ``epoch`` waits to be handed out: its assembly is kept
+        until it is (:meth:`_release_key`). Deliveries are handed out in order, so behind
+        one whose key is late many may wait, each with its key; let go by the bound of
+        :meth:`_assembly`, every one would be given up in turn, each holding the stream back
+        for ``key_patience`` again. Bounded by the deliveries waiting, which
+        ``key_patience`` bounds."""
+        key = (publisher, epoch)
+        awaited = self._awaited.get(key)
+        if awaited is not None:
+            self._awaited[key] = (awaited[0], awaited[1] + 1)
+            return
+        assembly = self._assembly(publisher, epoch)
+        self._assemblies.pop(key, None)
+        self._awaited[key] = (assembly, 1)
+
+    def _release_key(self, publisher: str, epoch: int) -> None:
+        """A delivery of ``epoch`` was handed out or given up (:meth:`_await_key`)."""
+        key = (publisher, epoch)
+        awaited = self._awaited.pop(key, None)
+        if awaited is None:
+            return
+        assembly, waiting = awaited
+        if waiting > 1:
+            self._awaited[key] = (assembly, waiting - 1)
+            return
+        self._assemblies[key] = assembly
+        self._bound_assemblies()
+
+    def _known_assemblies(self) -> dict[tuple[str, int], KeyAssembly]:
+        """Every epoch's assembly this client keeps."""
+        known = dict(self._assemblies)
+        known.update((key, assembly) for key, (assembly, _) in self._awaited.items())
+        return known
 
     def _current_epoch(self, assembly: KeyAssembly) -> None:
         """``assembly``'s epoch is its publisher's newest with an agreed copy (``f + 1``
@@ -1970,7 +2024,8 @@ class Client:
         happens when an upstream replica's shares were rejected on the way (a corrupting
         replica), and an equivocation shows only when both versions are looked at together.
         """
-        for (publisher, seq), assembly in self._assemblies.items():
+        assemblies = self._known_assemblies()
+        for (publisher, seq), assembly in assemblies.items():
             if assembly.key is None:
                 continue  # still reconstructing: every new share is looked at anyway
             if assembly.passes is not None:
@@ -1999,13 +2054,12 @@ class Client:
                         seq,
                         ", ".join(sorted(result.culprits)),
                     )
-        assemblies = self._assemblies
         self._late_audits = {m: n for m, n in self._late_audits.items() if m[:2] in assemblies}
         return {c for assembly in assemblies.values() for c in assembly.culprits}
 
     def key_shares(self, publisher: str, epoch: int) -> int:
         """How many shares of a key epoch (named by its first seq) this client received."""
-        assembly = self._assemblies.get((publisher, epoch))
+        assembly = self._known_assemblies().get((publisher, epoch))
         if assembly is not None and assembly.passes is not None:
             return self._passes.leaves(publisher, epoch)
         return len(assembly.shares) if assembly else 0

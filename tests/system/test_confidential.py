@@ -4,6 +4,7 @@ robust reconstruction at subscribers, Byzantine minorities, collusion."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
@@ -498,4 +499,42 @@ async def test_a_publication_whose_key_never_arrives_holds_back_the_later_ones_o
         with pytest.raises(TrellisTimeout):
             await sub.get(0.5)
     assert got == [(1, b"payload 0"), (3, b"payload 2"), (4, b"payload 3")]
+    assert sub.keys_missing == 1
+
+
+@SHARE_FORMS
+async def test_the_publications_waiting_behind_a_key_that_never_arrives_keep_their_keys(
+    run_vns, monkeypatch, share_form
+) -> None:
+    """Seq 2's key never arrives, and while seq 2 holds the stream back for key_patience,
+    many more epochs than the subscriber keeps (``_KEY_MEMORY``) arrive with their keys and
+    wait behind it: they are handed out once seq 2 is given up, none of them lost with
+    their keys (which would give each up in turn and hold the stream back again)."""
+    monkeypatch.setattr(broker.client, "_KEY_MEMORY", 8)
+    overlay = run_vns([3, 3])
+    count = 60
+    async with (
+        Client(overlay.endpoints("b0"), client_id="pub", share_form=share_form) as pub,
+        Client(
+            overlay.endpoints("b1"), client_id="sub", manifest=overlay.manifest, key_patience=2.0
+        ) as sc,
+        sc.subscribe("class = 'secret'") as sub,
+    ):
+        assemblies = sc._assembly
+        sc._assembly = lambda publisher, seq: (  # type: ignore[method-assign]
+            KeyAssembly(publisher, seq) if seq == 2 else assemblies(publisher, seq)
+        )
+        await pub.advertise("class = 'secret'")
+        await asyncio.to_thread(overlay.wait_quiet)
+        for i in range(1, count + 1):
+            await pub.publish(
+                {"class": "secret", "i": i}, f"payload {i}".encode(), confidential=True
+            )
+        await pub.drain()
+        got = []
+        with contextlib.suppress(TrellisTimeout):
+            while len(got) < count - 1:
+                message = await sub.get(10)
+                got.append((message.seq, message.payload))
+    assert got == [(i, f"payload {i}".encode()) for i in range(1, count + 1) if i != 2]
     assert sub.keys_missing == 1
