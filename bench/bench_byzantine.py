@@ -63,7 +63,7 @@ def main() -> int:
     parser.add_argument(
         "--share-form",
         choices=("record", "pass"),
-        default="record",
+        default="pass",
         help="how the publishers' key shares travel (Client share_form)",
     )
     args = parser.parse_args()

@@ -995,7 +995,7 @@ def report(
     window: int,
     seconds: float,
     wall: float,
-    share_form: str = "record",
+    share_form: str = "pass",
 ) -> dict[str, float]:
     """Print the comparison; returns the CPU per publication in the stream by mode (µs,
     brokers and clients)."""
@@ -1148,7 +1148,7 @@ def main() -> None:
     parser.add_argument(
         "--share-form",
         choices=("record", "pass"),
-        default="record",
+        default="pass",
         help="how the confidential publishers' key shares travel (Client share_form)",
     )
     parser.add_argument("--role", choices=("pub", "sub"), help=argparse.SUPPRESS)

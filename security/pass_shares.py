@@ -43,10 +43,10 @@ one event-loop flush), so the per-publication work is a few slices and hashes:
   splitter whose validly signed entry names it (it vouched without checking).
 
 Pure functions over plain data: framing, links, timers and silence belong to the caller
-(:mod:`broker.daemon.passes` in a broker, :mod:`security.pass_keys` in a subscriber). A
-publisher chooses this form with ``Client(share_form="pass")``; the default is still
-:mod:`security.propagation`'s records until this form has every test the records have
-(issue 11; ``bench/bench_pass_shares.py`` measures the two side by side).
+(:mod:`broker.daemon.passes` in a broker, :mod:`security.pass_keys` in a subscriber). It
+is the SDK's default (``Client(share_form="pass")``); :mod:`security.propagation`'s records
+remain a publisher's option (``share_form="record"``) until their code goes
+(``bench/bench_pass_shares.py`` measures the two side by side).
 """
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ async def exact_exchange(
     plain_every: int = 1,
     rate: float = 50.0,
     wait: float = 10.0,
-    share_form: str = "record",
+    share_form: str = "pass",
 ) -> Exchange:
     """``publisher_id`` at the first VN publishes ``count`` distinct payloads at ``rate``/s
     (every ``plain_every``-th plain, the rest confidential; 0: all confidential); a

@@ -846,7 +846,7 @@ def build_parser(*, pst: bool = False) -> argparse.ArgumentParser:
     p.add_argument(
         "--share-form",
         choices=("record", "pass"),
-        default="record",
+        default="pass",
         help="how confidential key shares travel: one record per share, or by the pass "
         "(one split and statement per splitter, next VN and pass) (default: %(default)s)",
     )

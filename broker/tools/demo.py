@@ -3,8 +3,8 @@
 Starts a local overlay of real broker processes: a line of virtual nodes, each a group of
 three replica brokers, two of them with a Byzantine replica. Subscribers with different
 content filters attach at different VNs; a publisher streams plain stock quotes and
-confidential orders (encrypted, key shares re-split at every hop, by the pass:
-``share_form="pass"``). The summary compares
+confidential orders (encrypted, key shares re-split at every hop, by the pass, the SDK's
+default). The summary compares
 what each subscriber got with what an oracle computed from the filters alone, and shows
 the routing tables, per-link traffic, key shares and the blame for bad shares. The same
 overlay then closes the loop of SPEC §6–§7 once: the brokers' traffic logs go through the Spark
@@ -124,9 +124,7 @@ async def _traffic(overlay: LocalOverlay, names: list[str], count: int, rng: ran
             await client.connect()
             subs[name] = client.subscribe(text)
             await subs[name].__aenter__()
-        async with Client(
-            overlay.endpoints(names[0]), client_id="exchange", key_refresh=10, share_form="pass"
-        ) as pub:
+        async with Client(overlay.endpoints(names[0]), client_id="exchange", key_refresh=10) as pub:
             await pub.advertise("class = 'stock'")
             await pub.advertise("class = 'order'")
             await asyncio.to_thread(overlay.wait_quiet)

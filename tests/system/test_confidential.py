@@ -68,7 +68,7 @@ async def confidential_exchange(
     count: int,
     wait: float = 10.0,
     audit_wait: float = 5.0,
-    share_form: str = "record",
+    share_form: str = "pass",
     prepare: Callable[[Client], None] | None = None,
 ) -> tuple[list[tuple[int, bytes]], Client]:
     """Publish ``count`` confidential messages at the first VN; what the last VN's
@@ -351,9 +351,7 @@ async def test_a_subscriber_handed_every_leaf_at_once_still_names_an_equivocator
         releasing.append(asyncio.create_task(release()))
 
     try:
-        got, sub_client = await confidential_exchange(
-            overlay, 4, audit_wait=30.0, share_form="pass", prepare=prepare
-        )
+        got, sub_client = await confidential_exchange(overlay, 4, audit_wait=30.0, prepare=prepare)
     finally:
         for task in releasing:
             task.cancel()

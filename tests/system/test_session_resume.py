@@ -60,7 +60,7 @@ async def stream_with_resets(
     confidential_every: int = 0,
     publisher_side: bool = False,
     idle: float = 15,
-    share_form: str = "record",
+    share_form: str = "pass",
 ) -> tuple[list[int], list[tuple[int, bytes]], dict[int, bytes]]:
     """Publish COUNT publications at ~300/s from the first VN; a third of the way in,
     reset the subscriber's connections to the last VN's replicas ``resets`` (the
