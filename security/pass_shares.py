@@ -625,7 +625,7 @@ class Assembly:
 
         # The entries for this publication made along this path, under each statement,
         # shapes checked.
-        along, marks = _along(self._entries.get(pub_id, ()), path)
+        along, on_path = _along(self._entries.get(pub_id, ()), path)
         mine: dict[bytes, list[Entry]] = {}
         unfit: set[bytes] = set()
         # (the statements themselves from the entries: the store may have let one go)
@@ -689,7 +689,7 @@ class Assembly:
         candidates: dict[Lineage, dict[bytes, bytes]] = defaultdict(dict)
         holders = {m.id: x for x, m in enumerate(path.vns[depth - 1])}
         for sender, statement, entry, opening in self._leaves.get(pub_id, ()):
-            if not sealed.get(statement.ref, False) or (statement.ref, entry.node) not in marks:
+            if not sealed.get(statement.ref, False) or id(entry) not in on_path:
                 continue  # another path's, a statement unfit for this one, or set aside
             holder = holders.get(sender)
             if holder is None or len(entry.node) != depth - 1 or holder >= statement.r:
@@ -718,34 +718,41 @@ class Assembly:
 
 
 def _along(
-    pairs: Iterable[tuple[PassStatement, Entry]], path: PathView
-) -> tuple[list[tuple[PassStatement, Entry]], set[tuple[bytes, Lineage]]]:
-    """The entries of one publication made along ``path``, and their (statement reference,
-    node): top down, each split toward the path's VN of its level by a replica of the VN
-    above (:meth:`PathView.carries`) under a statement that is on the path itself.
+    pairs: Sequence[tuple[PassStatement, Entry]], path: PathView
+) -> tuple[list[tuple[PassStatement, Entry]], set[int]]:
+    """The entries of one publication made along ``path``, and their ids: each split
+    toward the path's VN of its level by a replica of the VN above
+    (:meth:`PathView.carries`) under a statement that is itself on the path.
 
     A move can send a publication's shares along an old and a new path at once (an edge
     replica splits its node toward both next VNs, a replica further down splits what came
     both ways in one statement): each path is rebuilt from its own splits. Two splits of a
-    node toward two VNs are no equivocation, and the other path's entries are no fault."""
-    levels: dict[int, list[tuple[PassStatement, Entry]]] = defaultdict(list)
-    for pair in pairs:
-        levels[len(pair[1].node)].append(pair)
+    node toward two VNs are no equivocation, and the other path's entries are no fault.
+
+    Statements arrive top down, so one sweep usually settles it; an entry read before the
+    statement above it is looked at again in another sweep."""
+    carries = path.carries
     kept: list[tuple[PassStatement, Entry]] = []
-    marks: set[tuple[bytes, Lineage]] = set()
-    above: set[bytes] = set()
-    for level in range(path.depth):
-        refs: set[bytes] = set()
-        for statement, entry in levels.get(level, ()):
-            if not path.carries(statement.splitter, statement.toward, level):
+    ids: set[int] = set()
+    refs: set[bytes] = set()  # statements with an entry on the path
+    rest = pairs
+    while rest:
+        later: list[tuple[PassStatement, Entry]] = []
+        for pair in rest:
+            statement, entry = pair
+            level = len(entry.node)
+            if not carries(statement.splitter, statement.toward, level):
                 continue
-            if level and entry.parent not in above:
+            if level and entry.parent not in refs:
+                later.append(pair)
                 continue
-            kept.append((statement, entry))
-            marks.add((statement.ref, entry.node))
+            kept.append(pair)
+            ids.add(id(entry))
             refs.add(statement.ref)
-        above = refs
-    return kept, marks
+        if len(later) == len(rest):
+            break
+        rest = later
+    return kept, ids
 
 
 class _Version(NamedTuple):
