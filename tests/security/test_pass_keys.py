@@ -56,6 +56,18 @@ class Split:
             self.held[f"{toward}.{j}"] += got
             self.under[f"{toward}.{j}"][statement.ref] = statement
 
+    def relay(self, vn: str, toward: str) -> None:
+        """Every replica of ``vn`` splits what it holds toward ``toward`` in one pass."""
+        for j in range(SIZES[vn]):
+            self.split(f"{vn}.{j}", toward, self.held[f"{vn}.{j}"])
+
+    def subscriber(self) -> tuple[PassKeys, KeyAssembly]:
+        """A subscriber's leaves and keys, and the epoch's assembly."""
+        passes = PassKeys()
+        keys = KeyAssembly("pub", 1, sec=self.sec)
+        keys.passes = passes
+        return passes, keys
+
     def hand(self, keys: PassKeys, depth: int, dropped: str | None = None) -> None:
         """d.0 hands the subscriber its leaves of the path ``depth`` VNs long (the leaves of
         the replica ``dropped`` of c left out), every statement with them."""
@@ -84,13 +96,9 @@ def test_an_epoch_split_along_an_old_and_a_new_path_gives_its_key_and_names_nobo
     for i in range(3):
         world.split(f"a.{i}", "b", world.held[f"a.{i}"])
         world.split(f"a.{i}", "c", world.held[f"a.{i}"])
-    for j in range(3):
-        world.split(f"b.{j}", "c", world.held[f"b.{j}"])
-    for j in range(3):
-        world.split(f"c.{j}", "d", world.held[f"c.{j}"])
-    passes = PassKeys()
-    keys = KeyAssembly("pub", 1, sec=world.sec)
-    keys.passes = passes
+    world.relay("b", "c")
+    world.relay("c", "d")
+    passes, keys = world.subscriber()
     world.hand(passes, len(OLD), dropped="c.2")
     passes.recover(keys, world.manifest, "d", audit=audit)
     assert keys.key == world.secret
@@ -107,15 +115,10 @@ def test_an_epoch_whose_old_path_is_incomplete_comes_back_along_the_new_one() ->
     splits toward c. The old path never holds enough; the new one does, with no blame."""
     world = Split()
     world.split("a.0", "b", world.held["a.0"])
-    for j in range(3):
-        world.split(f"b.{j}", "c", world.held[f"b.{j}"])
-    for i in range(3):
-        world.split(f"a.{i}", "c", world.held[f"a.{i}"])
-    for j in range(3):
-        world.split(f"c.{j}", "d", world.held[f"c.{j}"])
-    passes = PassKeys()
-    keys = KeyAssembly("pub", 1, sec=world.sec)
-    keys.passes = passes
+    world.relay("b", "c")
+    world.relay("a", "c")
+    world.relay("c", "d")
+    passes, keys = world.subscriber()
     world.hand(passes, len(OLD))
     passes.recover(keys, world.manifest, "d", audit=True)
     assert keys.key is None

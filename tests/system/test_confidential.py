@@ -470,6 +470,16 @@ async def test_a_silent_upstream_replica_is_blamed_once_its_deadline_passed(
     assert all("silent" in v["why"] and v.get("from") is None for v in silent_lines)
 
 
+def lose_key_shares(client: Client, epoch: int) -> None:
+    """The key shares of ``epoch`` are lost on the way to ``client`` (as a slow consumer's
+    are, dropped with its deliveries): every one that arrives lands in an assembly nobody
+    reads."""
+    assemblies = client._assembly
+    client._assembly = lambda publisher, seq: (  # type: ignore[method-assign]
+        KeyAssembly(publisher, seq) if seq == epoch else assemblies(publisher, seq)
+    )
+
+
 async def test_a_publication_whose_key_never_arrives_holds_back_the_later_ones_only_briefly(
     run_vns,
 ) -> None:
@@ -481,12 +491,7 @@ async def test_a_publication_whose_key_never_arrives_holds_back_the_later_ones_o
         ) as sc,
         sc.subscribe("class = 'secret'") as sub,
     ):
-        # The key shares of seq 2 are lost on the way (as a slow consumer's are, dropped
-        # with its deliveries): every one that arrives lands in an assembly nobody reads.
-        assemblies = sc._assembly
-        sc._assembly = lambda publisher, seq: (  # type: ignore[method-assign]
-            KeyAssembly(publisher, seq) if seq == 2 else assemblies(publisher, seq)
-        )
+        lose_key_shares(sc, 2)
         await pub.advertise("class = 'secret'")
         await asyncio.to_thread(overlay.wait_quiet)
         for i in range(4):  # seqs 1 to 4: 1, 2 and 4 confidential, 3 plain
@@ -518,10 +523,7 @@ async def test_the_publications_waiting_behind_a_key_that_never_arrives_keep_the
         ) as sc,
         sc.subscribe("class = 'secret'") as sub,
     ):
-        assemblies = sc._assembly
-        sc._assembly = lambda publisher, seq: (  # type: ignore[method-assign]
-            KeyAssembly(publisher, seq) if seq == 2 else assemblies(publisher, seq)
-        )
+        lose_key_shares(sc, 2)
         await pub.advertise("class = 'secret'")
         await asyncio.to_thread(overlay.wait_quiet)
         for i in range(1, count + 1):
