@@ -2060,7 +2060,9 @@ class Client:
 
     def key_shares(self, publisher: str, epoch: int) -> int:
         """How many shares of a key epoch (named by its first seq) this client received."""
-        assembly = self._known_assemblies().get((publisher, epoch))
+        key = (publisher, epoch)
+        awaited = self._awaited.get(key)
+        assembly = self._assemblies.get(key) if awaited is None else awaited[0]
         if assembly is not None and assembly.passes is not None:
             return self._passes.leaves(publisher, epoch)
         return len(assembly.shares) if assembly else 0

@@ -223,7 +223,7 @@ class PathView:
         """Whether ``splitter``'s split of a node at ``level`` (its lineage's length) toward
         VN ``toward`` is one made along this path: the children live on the path's VN at
         that level and, below the root, the splitter is a replica of the VN above (a view
-        without names checks the levels only)."""
+        without names cannot check ``toward``)."""
         if level >= len(self.vns) or (self.names and self.names[level] != toward):
             return False
         return level == 0 or self._levels.get(splitter) == level - 1

@@ -68,7 +68,7 @@ class Split:
         keys.passes = passes
         return passes, keys
 
-    def hand(self, keys: PassKeys, depth: int, dropped: str | None = None) -> None:
+    def hand(self, passes: PassKeys, depth: int, dropped: str | None = None) -> None:
         """d.0 hands the subscriber its leaves of the path ``depth`` VNs long (the leaves of
         the replica ``dropped`` of c left out), every statement with them."""
         leaves = [
@@ -79,7 +79,7 @@ class Split:
         ]
         raw = [(s.raw, s.signature) for s in self.statements]
         batches = [(b.ref, b.positions, b.blob) for b in leaf_batches(leaves, self.under["d.0"])]
-        keys.add("d.0", raw, batches)
+        passes.add("d.0", raw, batches)
 
 
 @pytest.mark.parametrize("audit", [False, True])
@@ -93,9 +93,8 @@ def test_an_epoch_split_along_an_old_and_a_new_path_gives_its_key_and_names_nobo
     are as many as the long path needs, but neither path is complete on the other's
     leaves, and no split is short or twice made."""
     world = Split()
-    for i in range(3):
-        world.split(f"a.{i}", "b", world.held[f"a.{i}"])
-        world.split(f"a.{i}", "c", world.held[f"a.{i}"])
+    world.relay("a", "b")
+    world.relay("a", "c")
     world.relay("b", "c")
     world.relay("c", "d")
     passes, keys = world.subscriber()
