@@ -369,11 +369,7 @@ class SecureForwarding:
         pending = self.unverified.get(key)
         if sec is None or not pending:
             return
-        opened = self.inboxes.get(key)
-        if opened is None:
-            opened = self.inboxes[key] = {}
-            if len(self.inboxes) > EPOCH_MEMORY:
-                self.inboxes.popitem(last=False)
+        opened = epoch_entry(self.inboxes, key, dict)
         vote = PathVote()
         claims: list[Pending] = []
         for record, sender, known in pending:
@@ -450,11 +446,7 @@ class SecureForwarding:
             # Upstream VNs of fewer than 3 replicas send too few shares to leave one out.
             upstream = len(inbox.path.vns[level - 2]) if level > 1 else 0
             if upstream >= 3:
-                prompt = self._prompt.get((publisher, epoch))
-                if prompt is None:
-                    prompt = self._prompt[publisher, epoch] = {}
-                    if len(self._prompt) > EPOCH_MEMORY:
-                        self._prompt.popitem(last=False)
+                prompt = epoch_entry(self._prompt, (publisher, epoch), dict)
                 done = prompt.get(hop, 0)
                 if done >= upstream - 1:
                     self._spare(hop, publisher, epoch, record)
