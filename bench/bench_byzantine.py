@@ -6,8 +6,10 @@ against a subscriber on every replica of the last VN: 50 plain publications at 5
 80 with every fourth plain and the rest confidential (the SDK's default key refresh). The
 configurations put one replica of every VN in each fault mode with r = 3 (so the fault sits
 at the publisher's edge, in the middle and at the subscriber's edge at once), and two of
-five per VN in mixed modes with r = 5 (f = 2). Every run's deliveries are compared with
-what was published: altered, lost, duplicated and reordered publications are counted.
+five per VN with r = 5 (f = 2), in three mixed pairs and in each mode twice (two replicas
+altering alike send identical bad copies, still fewer than f + 1). Every run's deliveries
+are compared with what was published: altered, lost, duplicated and reordered publications
+are counted.
 Not a test:
 
     .venv/bin/python bench/bench_byzantine.py [--runs 20] [--only corrupt] [--share-form pass]
@@ -35,6 +37,7 @@ CONFIGS: list[tuple[str, int, list[str]]] = [
     ("r5: corrupt+replay", 5, ["corrupt", "replay"]),
     ("r5: equivocate+delay", 5, ["equivocate", "delay"]),
     ("r5: drop+reorder", 5, ["drop", "reorder"]),
+    *((f"r5: {mode} x2", 5, [mode, mode]) for mode in MODES),
 ]
 
 
