@@ -177,6 +177,12 @@ class BrokerCollector:
             "trellis_shares_delivered", "Key shares handed to local subscribers", s.shares_delivered
         )
         yield counter(
+            "trellis_shares_over_budget",
+            "Key shares dropped because their sender's shares waiting for content or a path "
+            "were charged max_waiting_share_bytes already",
+            s.shares_over_budget,
+        )
+        yield counter(
             "trellis_bad_shares",
             "Key shares rejected (malformed or failing verification)",
             s.bad_shares,

@@ -205,6 +205,14 @@ class BrokerConfig(BaseModel):
         "subscriptions may hold together; past it ADVERTISE or SUBSCRIBE gets ERROR "
         "limit_exceeded (the connection stays open)",
     )
+    max_waiting_share_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=64 * 1024,
+        description="bytes of key shares from one sender (a client's root splits, an upstream "
+        "replica's) that may wait at this broker for their publication or for a path a "
+        "majority vouches for; past it that sender's further shares are dropped and counted "
+        "(trellis_shares_over_budget_total), so a flood fills its own allowance only",
+    )
     session_linger: float = Field(
         10.0,
         ge=0,

@@ -47,7 +47,13 @@ from pathlib import Path
 
 from broker.daemon.config import BrokerConfig, NeighbourConfig
 from broker.daemon.hops import Hop, Member, VNHop
-from broker.daemon.passes import EPOCH_MEMORY, PassForwarding, epoch_entry
+from broker.daemon.passes import (
+    EPOCH_MEMORY,
+    PassForwarding,
+    WaitingShares,
+    Weight,
+    epoch_entry,
+)
 from broker.daemon.stats import BrokerStats
 from broker.daemon.traffic_log import TrafficLog
 from broker.wire.protocol import Publish, Shares
@@ -75,6 +81,17 @@ DISABLED = "this broker has no key or manifest: confidential forwarding is disab
 
 Pending = tuple[ShareRecord, str, tuple[str, ...] | None]
 """A share not verified yet: record, sender, the path it claims (None: unknown)."""
+
+
+def _weigh(pending: Pending) -> Weight:
+    """A waiting record's bytes: its share and, as if its own, the certificates it carries
+    (records of one frame share them, so this over-counts, never under-counts)."""
+    record, sender, _ = pending
+    certs = sum(
+        len(c.signature) + 32 * (len(c.commitments) + len(c.proof) + 2) for c in record.certs
+    )
+    return sender, None, 0, len(record.salt) + len(record.data) + certs
+
 
 Held = tuple[ShareRecord, ShareInbox, str]
 """A share this replica accepted: record, the inbox that accepted it (its path's verifier),
@@ -157,7 +174,10 @@ class SecureForwarding:
         )
         # shares not verified yet (content not routed here, or their path not agreed): (record,
         # sender, the path it claims once the content is known)
-        self.unverified: OrderedDict[tuple[str, int], list[Pending]] = OrderedDict()
+        self.unverified: WaitingShares[Pending] = WaitingShares(
+            _weigh, config.max_waiting_share_bytes
+        )
+        self.waiting_budget = config.max_waiting_share_bytes
         # The security block of each epoch whose content was routed here.
         self.secs: OrderedDict[tuple[str, int], SecBlock] = OrderedDict()
         # Splits of this event-loop pass, sealed by one signature, and the shares they make
@@ -342,13 +362,14 @@ class SecureForwarding:
         if inbox is not None:
             self._accept(key, inbox, record, sender)
         elif sec is None or path is not None:
-            pending = epoch_entry(self.unverified, key, list)
+            pending = self.unverified.get(key) or ()
             # A sender that already vouched for this path adds no vote: the path is still
             # not agreed, so recounting every waiting share (quadratic in a frame's shares
             # of one epoch) would change nothing.
             known = sec is not None and any(p == path and s == sender for _, s, p in pending)
-            pending.append((record, sender, path))
-            if not known:
+            if not self.unverified.add(key, (record, sender, path)):
+                self.over_budget(key, sender)
+            elif not known:
                 self._open_inboxes(key)
 
     def _claim(
@@ -387,17 +408,14 @@ class SecureForwarding:
                 )
             except (PropagationError, KeyError) as exc:
                 log.warning("cannot verify shares of %s/%d: %s", key[0], key[1], exc)
-        del self.unverified[key]
-        waiting: list[Pending] = []
+        self.unverified.pop(key)
         for record, sender, path in claims:
             if path is None:
                 self.blame(key, sender, "claims no possible path", sender)
             elif path in opened:
                 self._accept(key, opened[path], record, sender)
             else:
-                waiting.append((record, sender, path))
-        if waiting:
-            self.unverified[key] = waiting
+                self.unverified.add(key, (record, sender, path))  # (fits: charged until popped)
 
     def blame(self, key: tuple[str, int], broker: str, detail: str, sender: str | None) -> None:
         """Count and log blame; ``sender`` None: blame for what was not sent (silence)."""
@@ -407,6 +425,25 @@ class SecureForwarding:
         stats.blamed[broker] = stats.blamed.get(broker, 0) + 1
         log.warning("share of %s/%d rejected: %s: %s", key[0], key[1], broker, detail)
         self.log_share(key[0], key[1], sender, broker, detail)
+
+    def over_budget(self, key: tuple[str, int], sender: str) -> None:
+        """A share from ``sender`` dropped: its shares waiting here (for content or a path
+        that has not come) are charged ``max_waiting_share_bytes`` already. Counted each
+        time; logged for the first drop and every 10,000th after (a flood must not flood
+        the log too)."""
+        stats = self.stats
+        stats.shares_over_budget += 1
+        if stats.shares_over_budget % 10_000 == 1:
+            log.warning(
+                "dropping key shares from %s (%s/%d): its shares waiting here for content or "
+                "a path that has not come are charged max_waiting_share_bytes = %d already "
+                "(%d dropped from all senders so far)",
+                sender,
+                key[0],
+                key[1],
+                self.waiting_budget,
+                stats.shares_over_budget,
+            )
 
     def log_share(
         self, publisher: str, epoch: int, sender: str | None, culprit: str | None, why: str | None

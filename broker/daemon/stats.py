@@ -49,6 +49,7 @@ class BrokerStats:
     shares_forwarded: int = 0
     shares_delivered: int = 0
     bad_shares: int = 0
+    shares_over_budget: int = 0  # dropped: their sender had max_waiting_share_bytes waiting
     blamed: dict[str, int] = field(default_factory=dict)
     # (culprit, fault) -> copies of publications blamed on an upstream replica
     copy_blamed: dict[tuple[str, str], int] = field(default_factory=dict)

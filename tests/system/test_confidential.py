@@ -18,6 +18,7 @@ import security.pass_keys
 import security.publication
 from analytics.schema import read_records
 from broker.client import Client
+from broker.daemon.passes import WAITING_OVERHEAD
 from broker.daemon.shares import SILENCE_DEADLINE
 from broker.errors import TrellisTimeout
 from broker.tools.local import LocalOverlay, metric_by_label
@@ -28,6 +29,7 @@ from security.pass_shares import root_holdings, split_pass
 from security.paths import KeyAssembly
 from security.propagation import coalition_key, combine_upward, threshold_for, unpack_record
 from security.publication import publication_id
+from tests.system.test_overlay import metric
 from tests.wire import RawPeer
 
 pytestmark = pytest.mark.slow
@@ -403,6 +405,40 @@ async def test_a_garbled_or_misaddressed_pass_is_blamed_on_its_sender_who_stays_
     assert await asyncio.to_thread(blamed) == {"mallory": 2}
     got, _ = await confidential_exchange(overlay, 3, share_form="pass")
     assert got == expected(3)
+    await peer.close()
+
+
+async def test_a_client_sending_root_shares_again_and_again_fills_only_its_own_allowance(
+    run_vns,
+) -> None:
+    """A client's root splits wait at its edge replica for their PUBLISH. A client that
+    sends one PASS again and again for publications it never sends is charged for what
+    waits: past ``max_waiting_share_bytes`` its further shares are dropped and counted
+    (before, every copy was kept and the broker's memory grew with the flood); its
+    connection stays open and another publisher's confidential publications still get
+    their keys through that replica."""
+    budget = 64 * 1024
+    overlay = run_vns([3, 3], {"b0.0": {"max_waiting_share_bytes": budget}})
+    peer = await RawPeer.connect(overlay.endpoints("b0")[0])
+    await peer.hello("mallory")
+    mallory = Signer.generate("mallory")
+    roots = [(publication_id("mallory", seq), bytes(32)) for seq in range(1, 101)]
+    statement, blobs = split_pass(mallory, "b0", 1, 3, root_holdings(roots))
+    frames = 50
+    for _ in range(frames):
+        await peer.send(MsgType.PASS, [], statement.raw, statement.signature, blobs[0])
+    await peer.send(MsgType.PING, 5)
+    assert await peer.receive(timeout=30) == Pong(5)
+
+    def dropped() -> float:
+        return metric(overlay.metrics("b0.0"), "trellis_shares_over_budget_total")
+
+    # every share waiting is charged at least WAITING_OVERHEAD: at most budget / that kept
+    assert await asyncio.to_thread(dropped) >= frames * len(roots) - budget // WAITING_OVERHEAD
+    got, _ = await confidential_exchange(overlay, 3)
+    assert got == expected(3)
+    await peer.send(MsgType.PING, 6)
+    assert await peer.receive() == Pong(6)
     await peer.close()
 
 
