@@ -78,6 +78,7 @@ from security.propagation import (
     threshold_for,
     wrong_secrets,
 )
+from security.waiting import WaitingShares, Weight
 
 __all__ = [
     "Assembly",
@@ -492,7 +493,9 @@ class Assembly:
         self.statements = StatementStore()
         self._entries: dict[bytes, list[tuple[PassStatement, Entry]]] = defaultdict(list)
         self._leaves: dict[bytes, list[tuple[str, PassStatement, Entry, bytes]]] = defaultdict(list)
-        self._waiting: dict[bytes, list[tuple[str, LeafBatch]]] = defaultdict(list)
+        self.waiting: WaitingShares[bytes, tuple[str, LeafBatch]] = WaitingShares(
+            _weigh_leaves, LEAVES_WAITING_BUDGET, _WAITING_LIMIT
+        )
         # (sender, statement, position) of every leaf taken, per publication: a leaf
         # delivered twice (a resumed session is handed its last leaves again) counts once
         self._taken: dict[bytes, set[tuple[str, bytes, int]]] = defaultdict(set)
@@ -504,17 +507,15 @@ class Assembly:
         self.statements.add(statement)
         for entry in statement.entries:
             self._entries[entry.pub_id].append((statement, entry))
-        for sender, batch in self._waiting.pop(statement.ref, ()):
+        for sender, batch in self.waiting.pop(statement.ref):
             self.add_leaves(sender, batch)
 
     def add_leaves(self, sender: str, batch: LeafBatch) -> None:
         """Take the leaves one replica of the last VN delivered (``sender``: its id)."""
         statement = self.statements.get(batch.ref)
         if statement is None:
-            waiting = self._waiting
-            if len(waiting) >= _WAITING_LIMIT and batch.ref not in waiting:
-                del waiting[next(iter(waiting))]  # a relay's leaves under nothing ever sent
-            waiting[batch.ref].append((sender, batch))
+            # (dropped past the sender's budget: a relay's leaves under nothing ever sent)
+            self.waiting.add(batch.ref, (sender, batch))
             return
         entries = statement.entries
         blob = batch.blob
@@ -830,4 +831,18 @@ def _signer(path: PathView, broker: str) -> Ed25519PublicKey | None:
 
 _NONE: dict[bytes, bytes] = {}
 _WAITING_LIMIT = 4096
+"""Statements a subscriber keeps leaves waiting for (the oldest let go)."""
+
+LEAVES_WAITING_BUDGET = 16 << 20
+"""Bytes of leaves one relay may have waiting at a subscriber for statements not seen yet:
+a Byzantine relay sending leaves under statements it never sends, again and again, fills
+its own allowance only (until 2026-11-29 the leaves under one reference grew without
+bound)."""
+
+
+def _weigh_leaves(item: tuple[str, LeafBatch]) -> Weight:
+    sender, batch = item
+    return sender, None, 0, len(batch.blob) + 8 * len(batch.positions)
+
+
 """Statements an :class:`Assembly` holds leaves for before they arrive (the oldest let go)."""

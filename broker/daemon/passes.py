@@ -31,7 +31,7 @@ import asyncio
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
-from typing import Generic, NamedTuple, Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 from broker.daemon.config import NeighbourConfig
 from broker.daemon.hops import Hop, Member, VNHop
@@ -56,6 +56,7 @@ from security.pass_shares import (
 from security.paths import PathVote, path_view
 from security.propagation import PathView, PropagationError, silent_senders
 from security.publication import SecBlock, epoch_of
+from security.waiting import WaitingShares, Weight
 
 
 class ShareHost(Protocol):
@@ -151,94 +152,6 @@ def epoch_entry(table: OrderedDict[Key, V], key: Key, make: Callable[[], V]) -> 
     return value
 
 
-Weight = tuple[str, bytes | None, int, int]
-"""What one waiting share costs its sender: (sender, the reference of the statement it came
-under or None, that statement's bytes, the share's own bytes)."""
-
-WAITING_OVERHEAD = 256
-"""Bytes a waiting share is charged beyond its data (its tuple, lineage and references)."""
-
-
-class WaitingShares(Generic[V]):
-    """Key shares waiting at a broker, per key epoch: for the epoch's content to be routed
-    here, or for a path a majority of the sending VN vouches for.
-
-    Bounded per sender, in bytes: a share is charged its own bytes and, once while any share
-    of it waits, the statement it came under; past ``budget`` the sender's further shares are
-    refused (the caller drops and counts them). A sender that floods shares for
-    publications that never come (a client's root passes, a Byzantine replica's splits)
-    fills its own allowance only, so it never evicts another sender's shares; an honest
-    sender's shares wait milliseconds. At most :data:`EPOCH_MEMORY` epochs are kept, as in
-    every per-epoch table: the oldest go, and their charges with them.
-    """
-
-    def __init__(self, weigh: Callable[[V], Weight], budget: int) -> None:
-        self._weigh = weigh
-        self.budget = budget
-        self._epochs: OrderedDict[Key, list[V]] = OrderedDict()
-        self._charged: dict[str, int] = {}
-        # (sender, statement reference) -> that sender's shares waiting under it
-        self._statements: dict[tuple[str, bytes], int] = {}
-
-    def __len__(self) -> int:
-        return len(self._epochs)
-
-    def get(self, key: Key) -> list[V] | None:
-        """``key``'s waiting shares, in arrival order (to read, not to change)."""
-        return self._epochs.get(key)
-
-    def charged(self, sender: str) -> int:
-        """Bytes ``sender``'s waiting shares are charged."""
-        return self._charged.get(sender, 0)
-
-    def add(self, key: Key, item: V) -> bool:
-        """Keep ``item`` under ``key``; False (nothing kept) when its sender's waiting
-        shares would be charged more than the budget."""
-        sender, ref, statement_bytes, own = self._weigh(item)
-        cost = own + WAITING_OVERHEAD
-        if ref is not None and (sender, ref) not in self._statements:
-            cost += statement_bytes
-        charged = self._charged.get(sender, 0) + cost
-        if charged > self.budget:
-            return False
-        items = self._epochs.get(key)
-        if items is None:
-            items = self._epochs[key] = []
-            if len(self._epochs) > EPOCH_MEMORY:
-                self._release(self._epochs.popitem(last=False)[1])
-        items.append(item)
-        self._charged[sender] = charged
-        if ref is not None:
-            self._statements[sender, ref] = self._statements.get((sender, ref), 0) + 1
-        return True
-
-    def pop(self, key: Key) -> list[V]:
-        """``key``'s waiting shares, no longer kept (nor charged)."""
-        items = self._epochs.pop(key, None)
-        if items is None:
-            return []
-        self._release(items)
-        return items
-
-    def _release(self, items: Iterable[V]) -> None:
-        charged, statements = self._charged, self._statements
-        for item in items:
-            sender, ref, statement_bytes, own = self._weigh(item)
-            cost = own + WAITING_OVERHEAD
-            if ref is not None:
-                left = statements[sender, ref] - 1
-                if left:
-                    statements[sender, ref] = left
-                else:
-                    del statements[sender, ref]
-                    cost += statement_bytes
-            rest = charged[sender] - cost
-            if rest > 0:
-                charged[sender] = rest
-            else:
-                del charged[sender]
-
-
 class Accepted(NamedTuple):
     """A share this replica holds: the share, the statement it came under, the path it
     was checked against, and its sender."""
@@ -274,7 +187,9 @@ class PassForwarding:
         self.seals = SealChecks()
         # key -> lineage -> the first share of that lineage accepted
         self.held: OrderedDict[Key, dict[tuple[int, ...], Accepted]] = OrderedDict()
-        self.waiting = WaitingShares(_weigh, owner.waiting_budget)
+        self.waiting: WaitingShares[Key, _Waiting] = WaitingShares(
+            _weigh, owner.waiting_budget, EPOCH_MEMORY
+        )
         # key -> the paths a majority of the sending VN vouched for, and the vote
         self.paths: OrderedDict[Key, dict[Path, PathView]] = OrderedDict()
         self.votes: OrderedDict[Key, PathVote] = OrderedDict()

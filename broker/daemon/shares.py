@@ -47,13 +47,7 @@ from pathlib import Path
 
 from broker.daemon.config import BrokerConfig, NeighbourConfig
 from broker.daemon.hops import Hop, Member, VNHop
-from broker.daemon.passes import (
-    EPOCH_MEMORY,
-    PassForwarding,
-    WaitingShares,
-    Weight,
-    epoch_entry,
-)
+from broker.daemon.passes import EPOCH_MEMORY, PassForwarding, epoch_entry
 from broker.daemon.stats import BrokerStats
 from broker.daemon.traffic_log import TrafficLog
 from broker.wire.protocol import Publish, Shares
@@ -73,6 +67,7 @@ from security.propagation import (
     unpack_record,
 )
 from security.publication import SecBlock, publication_id, signature_valid
+from security.waiting import WaitingShares, Weight
 
 log = logging.getLogger("trellis.security")
 
@@ -174,8 +169,8 @@ class SecureForwarding:
         )
         # shares not verified yet (content not routed here, or their path not agreed): (record,
         # sender, the path it claims once the content is known)
-        self.unverified: WaitingShares[Pending] = WaitingShares(
-            _weigh, config.max_waiting_share_bytes
+        self.unverified: WaitingShares[tuple[str, int], Pending] = WaitingShares(
+            _weigh, config.max_waiting_share_bytes, EPOCH_MEMORY
         )
         self.waiting_budget = config.max_waiting_share_bytes
         # The security block of each epoch whose content was routed here.

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from security import shamir
+from security import pass_shares, shamir
 from security.envelope import Signer
 from security.pass_shares import _DOMAIN as STATEMENT_DOMAIN
 from security.pass_shares import (
@@ -384,6 +384,32 @@ def test_leaves_that_arrive_before_their_statement_wait_for_it() -> None:
     for one in statements:
         assembly.add_statement(one)
     assert sorted(assembly.publications()) == sorted(keys)
+    for pub_id, key in keys.items():
+        assert assembly.reconstruct(pub_id, world.path, complete=True) == (key, ())
+
+
+def test_a_relay_sending_leaves_under_a_statement_never_sent_fills_only_its_own_allowance(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Leaves under a statement not seen yet wait for it, bounded per relay in bytes: a
+    Byzantine relay sending such leaves again and again (until 2026-11-29 the list under
+    one reference grew without bound) is refused past its allowance, and the honest
+    relays' leaves waiting beside them still give every key once the statements come."""
+    budget = 64 * 1024
+    monkeypatch.setattr(pass_shares, "LEAVES_WAITING_BUDGET", budget)
+    world = World((3, 3))
+    keys = {f"pub/{n}".encode(): os.urandom(32) for n in range(2)}
+    _, statements, deliveries = _deliver(world, keys)
+    assembly = Assembly()
+    for sender, batch in deliveries:
+        assembly.add_leaves(sender, batch)
+    junk = LeafBatch(os.urandom(32), (0,), bytes(1024))
+    for _ in range(1000):
+        assembly.add_leaves("v1.2", junk)
+    assert assembly.waiting.charged("v1.2") <= budget
+    assert len(assembly.waiting.get(junk.ref) or ()) < budget // 1024
+    for one in statements:
+        assembly.add_statement(one)
     for pub_id, key in keys.items():
         assert assembly.reconstruct(pub_id, world.path, complete=True) == (key, ())
 

@@ -18,7 +18,6 @@ import security.pass_keys
 import security.publication
 from analytics.schema import read_records
 from broker.client import Client
-from broker.daemon.passes import WAITING_OVERHEAD
 from broker.daemon.shares import SILENCE_DEADLINE
 from broker.errors import TrellisTimeout
 from broker.tools.local import LocalOverlay, metric_by_label
@@ -29,6 +28,7 @@ from security.pass_shares import root_holdings, split_pass
 from security.paths import KeyAssembly
 from security.propagation import coalition_key, combine_upward, threshold_for, unpack_record
 from security.publication import publication_id
+from security.waiting import WAITING_OVERHEAD
 from tests.system.test_overlay import metric
 from tests.wire import RawPeer
 

@@ -1,9 +1,10 @@
-"""Key shares waiting at a broker are bounded per sender, in bytes (``WaitingShares``).
+"""Shares that wait are bounded per sender, in bytes (``security.waiting.WaitingShares``).
 
-Shares wait for their publication's content or for a path a majority vouches for. Before
-the bound, each epoch's list grew with every copy a sender sent: a client that sent its root
-splits again and again for publications it never sent grew its edge replica's memory
-without limit (3,000 PASS frames: 59 → 219 MiB).
+At a broker they wait for their publication's content or for a path a majority vouches
+for; at a subscriber, leaves wait for the statement they came under. Before the bound, each
+key's list grew with every copy a sender sent: a client that sent its root splits again and
+again for publications it never sent grew its edge replica's memory without limit (3,000
+PASS frames: 59 → 219 MiB).
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ from typing import NamedTuple
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.daemon import passes
-from broker.daemon.passes import WAITING_OVERHEAD, WaitingShares, Weight
+from security.waiting import WAITING_OVERHEAD, WaitingShares, Weight
 
 
 class Item(NamedTuple):
@@ -36,7 +36,7 @@ def expected_charge(kept: list[Item], sender: str) -> int:
 
 
 def test_a_flooding_sender_is_refused_past_its_budget_and_evicts_nobody() -> None:
-    waiting: WaitingShares[Item] = WaitingShares(weigh, budget=10_000)
+    waiting: WaitingShares[tuple[str, int], Item] = WaitingShares(weigh, 10_000, keys=64)
     assert waiting.add(("honest", 1), Item("honest", b"h", 500, 48))
     flood = [waiting.add(("mallory", 7), Item("mallory", b"m", 1_000, 48)) for _ in range(100)]
     kept = flood.count(True)
@@ -48,7 +48,7 @@ def test_a_flooding_sender_is_refused_past_its_budget_and_evicts_nobody() -> Non
 
 
 def test_popping_an_epoch_frees_its_senders_allowance() -> None:
-    waiting: WaitingShares[Item] = WaitingShares(weigh, budget=2_000)
+    waiting: WaitingShares[tuple[str, int], Item] = WaitingShares(weigh, 2_000, keys=64)
     item = Item("b0.1", b"s", 400, 48)
     while waiting.add(("p", 1), item):
         pass
@@ -57,11 +57,8 @@ def test_popping_an_epoch_frees_its_senders_allowance() -> None:
     assert waiting.add(("p", 2), item)
 
 
-def test_the_oldest_epoch_goes_past_the_epoch_memory_and_its_charges_with_it(
-    monkeypatch,
-) -> None:
-    monkeypatch.setattr(passes, "EPOCH_MEMORY", 3)
-    waiting: WaitingShares[Item] = WaitingShares(weigh, budget=1 << 20)
+def test_the_oldest_key_goes_past_the_key_limit_and_its_charges_with_it() -> None:
+    waiting: WaitingShares[tuple[str, int], Item] = WaitingShares(weigh, budget=1 << 20, keys=3)
     for seq in range(5):
         waiting.add(("p", seq), Item(f"s{seq}", None, 0, 100))
     assert len(waiting) == 3
@@ -97,7 +94,7 @@ def test_each_senders_charge_is_what_its_kept_shares_cost_and_never_over_budget(
     kept. (A statement's bytes are per reference: the strategy gives one size per ref by
     weighing each ref with the size of its first use.)"""
     budget = 6_000
-    waiting: WaitingShares[Item] = WaitingShares(weigh, budget)
+    waiting: WaitingShares[tuple[str, int], Item] = WaitingShares(weigh, budget, keys=64)
     model: dict[int, list[Item]] = {}
     sizes: dict[tuple[str, bytes], int] = {}
     for op, seq, drawn in script:
