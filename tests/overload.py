@@ -61,6 +61,32 @@ def hello(
             return sock
 
 
+class Unread:
+    """A client that sends requests and never reads a reply: one PUBLISH again and again,
+    each answered with an ERROR several times its size (a repeated seq)."""
+
+    def __init__(self, host: str, port: int, client_id: str) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.sock.settimeout(2.0)
+        self.sock.connect((host, port))
+        self.sock.sendall(encode(Hello(PROTOCOL_VERSION, Role.CLIENT, client_id, {})))
+
+    def flood(self, requests: int) -> int:
+        """Send up to ``requests`` PUBLISHes, until the broker stops reading them (a send
+        blocked for 2 s); how many were sent, about."""
+        chunk = encode(Publish(1, 1, {"class": "unread"}, b"")) * 1000
+        sent = 0
+        with contextlib.suppress(OSError):  # (socket.timeout: the broker reads no more)
+            while sent < requests:
+                self.sock.sendall(chunk)
+                sent += 1000
+        return sent
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 class Stalled:
     """A client (or a neighbour broker, ``role``) that subscribes, then never reads another
     byte, but keeps sending PINGs: its connection is congested, not silent."""

@@ -117,6 +117,10 @@ Actions = list[tuple[Hop, Message]]
 
 # Heartbeats are not counted as control traffic (tests wait for control traffic to settle).
 _HEARTBEATS = (Ping, Pong)
+
+NOT_READING = "not reading"
+"""Why a client is not read: more than ``send_buffer_limit`` is queued to it
+(``slow_consumer = "drop"``), so its requests' replies would queue without bound."""
 # A neighbour that cannot be dialled: warn once it fails for this long, then this often.
 _LINK_WARN_AFTER = 2.0
 _LINK_WARN_EVERY = 30.0
@@ -172,7 +176,8 @@ class Connection(asyncio.Protocol):
         self.dropped: dict[str, int] = {}
         self.closing = False
         # Reading: frames read but not yet handled (a suspended decoder pass), bytes that
-        # arrived behind them, and what holds reading ("congestion", "freeze"; see hold()).
+        # arrived behind them, and what holds reading ("congestion", "freeze", NOT_READING;
+        # see hold()).
         # A backlog pauses the transport too, but is worked through slice by slice.
         self.backlog: Iterator[Message] | None = None
         self.unread: list[bytes] = []
@@ -374,9 +379,16 @@ class Connection(asyncio.Protocol):
         self.broker.stats.congestion_events += 1
         if self.is_broker:
             self.broker.link_congested(self, True)
-        elif self.broker.config.slow_consumer == "disconnect" and not self.control:
+        elif self.control:
+            return
+        elif self.broker.config.slow_consumer == "disconnect":
             # Not from inside the write that filled the buffer: the broker may be routing.
             asyncio.get_running_loop().call_soon(self.close_slow_consumer)
+        else:
+            # Its deliveries are dropped from now on, but what it asks for is answered: a
+            # client that sends requests and never reads the replies would have them queued
+            # without bound. So it is not read either until it drains (TCP holds the rest).
+            self.hold(NOT_READING)
 
     def close_slow_consumer(self) -> None:
         """``slow_consumer = "disconnect"``: close a client whose send buffer is full with
@@ -416,6 +428,8 @@ class Connection(asyncio.Protocol):
         self.congested = hop.congested = False
         if self.is_broker:
             self.broker.link_congested(self, False)
+        elif NOT_READING in self.holds:
+            self.release(NOT_READING)
         if hop.dropped:
             dropped, hop.dropped = hop.dropped, {}
             self.send(Notice("dropped", {"subscriptions": dropped}))
@@ -994,6 +1008,7 @@ class Broker:
             "status": "degraded" if missing else "ok",
             "id": self.config.id,
             "clients": len(self.clients),
+            "clients_unread": sum(1 for c in self.clients.values() if NOT_READING in c.holds),
             "clients_switching": sum(
                 1 for c in self.clients.values() if c.membership_seen < c.membership_due
             ),
@@ -1627,9 +1642,11 @@ class Broker:
                     # unread like the rest.
                     conn.send(Ping(int(now)))
                     continue
-                if congested and conn.peer_id is not None and not conn.is_broker:
-                    # Not read while a broker link is congested (back-pressure): its
-                    # silence is ours too.
+                if (
+                    congested and conn.peer_id is not None and not conn.is_broker
+                ) or NOT_READING in conn.holds:
+                    # Not read while a broker link is congested (back-pressure), or while
+                    # it does not read what it is sent: its silence is ours too.
                     conn.last_seen = now
                     continue
                 if self.stalled_frame(conn, now, 3 * interval):

@@ -38,6 +38,7 @@ from tests.overload import (
     MemoryWatch,
     Stalled,
     StormResult,
+    Unread,
     quantile,
     round_trips,
     round_trips_until,
@@ -151,6 +152,34 @@ async def test_a_subscriber_that_stops_reading_loses_deliveries_not_the_broker_i
         assert peak - before < 24 * 1024, (before, peak)  # KiB: not the 12 MiB streamed
     finally:
         stalled.close()
+
+
+@pytest.mark.slow
+async def test_a_client_that_never_reads_its_replies_is_not_read_either(
+    run_broker: Callable[..., BrokerProcess],
+) -> None:
+    """Its deliveries are dropped, but its requests are answered: a client that sends
+    requests and never reads the replies (here a PUBLISH repeated, each refused with an
+    ERROR) made the broker queue them without bound (500,000 requests: 38 MiB more, and
+    growing with the flood). Past ``send_buffer_limit`` the broker stops reading it until it drains, so its
+    memory does not grow with the flood, the client is not closed as silent, and another
+    client is served meanwhile."""
+    broker = run_broker("zz-unread", admin_port=0, send_buffer_limit=64 * 1024)
+    witness = Witness(broker.host, broker.port)
+    watch = MemoryWatch([broker.pid])
+    unread = Unread(broker.host, broker.port, "unread")
+    try:
+        sent = await asyncio.to_thread(unread.flood, 500_000)
+        served = round_trips(witness, 200, seconds=3.0)
+        health = fetch_json(f"http://{broker.host}:{broker.admin_port}/healthz")
+        before, peak, _ = watch.finish()[broker.pid]
+        assert sent < 500_000, sent  # its writes blocked: the broker stopped reading it
+        assert health["clients_unread"] == 1, health
+        assert peak - before < 24 * 1024, (before, peak)  # KiB
+        assert len(served) >= 20, len(served)
+    finally:
+        unread.close()
+        witness.close()
 
 
 @pytest.mark.slow
