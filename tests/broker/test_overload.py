@@ -161,9 +161,9 @@ async def test_a_client_that_never_reads_its_replies_is_not_read_either(
     """Its deliveries are dropped, but its requests are answered: a client that sends
     requests and never reads the replies (here a PUBLISH repeated, each refused with an
     ERROR) made the broker queue them without bound (500,000 requests: 38 MiB more, and
-    growing with the flood). Past ``send_buffer_limit`` the broker stops reading it until it drains, so its
-    memory does not grow with the flood, the client is not closed as silent, and another
-    client is served meanwhile."""
+    growing with the flood). Past ``send_buffer_limit`` the broker stops reading it until
+    it drains, so its memory does not grow with the flood, the client is not closed as
+    silent, and another client is served meanwhile."""
     broker = run_broker("zz-unread", admin_port=0, send_buffer_limit=64 * 1024)
     witness = Witness(broker.host, broker.port)
     watch = MemoryWatch([broker.pid])
