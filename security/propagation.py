@@ -1471,7 +1471,9 @@ class LinkCertsIn:
                 table[base + n] = _unpack_cert(raw)
             except (ValueError, TypeError, msgpack.UnpackException) as exc:
                 table[base + n] = PropagationError(f"malformed certificate: {exc}")
-        self.next_id = base + len(certs)
+        # The newest id carried, not the last frame's: a sender numbering downwards (which
+        # no honest one does) would otherwise keep every id it ever sent.
+        self.next_id = base + len(certs) if base == 0 else max(self.next_id, base + len(certs))
         if len(table) > 3 * CERT_WINDOW:
             floor = self.next_id - 2 * CERT_WINDOW
             self._table = table = {i: c for i, c in table.items() if i >= floor}

@@ -13,6 +13,7 @@ import msgpack
 from security.envelope import Signer, new_key
 from security.propagation import (
     BATCH_RECORDS,
+    CERT_WINDOW,
     LinkCertsIn,
     LinkCertsOut,
     PropagationError,
@@ -81,6 +82,18 @@ def test_a_new_connection_starts_the_numbering_over() -> None:
         ((base, certs, entries),) = LinkCertsOut().frames(items)
         assert base == 0
         assert receiver.unpack(base, certs, entries) == items
+
+
+def test_a_sender_numbering_its_certificates_downwards_cannot_grow_the_table() -> None:
+    """Only ids near the newest carried are kept: a sender sending frames with ever
+    smaller bases (no honest one does) kept every certificate it sent until 2026-11-29."""
+    ((_, certs, _),) = LinkCertsOut().frames(_level2(1))
+    receiver = LinkCertsIn()
+    base = 1 << 40
+    for _ in range(20 * CERT_WINDOW // len(certs)):
+        receiver.unpack(base, certs, [])
+        base -= len(certs)
+    assert len(receiver._table) <= 3 * CERT_WINDOW + len(certs)
 
 
 def test_an_id_the_link_never_carried_spoils_only_its_entry() -> None:
