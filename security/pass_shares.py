@@ -499,14 +499,22 @@ class Assembly:
         # (sender, statement, position) of every leaf taken, per publication: a leaf
         # delivered twice (a resumed session is handed its last leaves again) counts once
         self._taken: dict[bytes, set[tuple[str, bytes, int]]] = defaultdict(set)
+        # publications with entries and no leaf yet, oldest first (UNCLAIMED_MEMORY)
+        self._unclaimed: OrderedDict[bytes, None] = OrderedDict()
 
     def add_statement(self, statement: PassStatement) -> None:
         """Take a relayed statement (again: ignored)."""
         if statement.ref in self.statements:
             return
         self.statements.add(statement)
+        entries, leaves, unclaimed = self._entries, self._leaves, self._unclaimed
         for entry in statement.entries:
-            self._entries[entry.pub_id].append((statement, entry))
+            pub_id = entry.pub_id
+            entries[pub_id].append((statement, entry))
+            if pub_id not in leaves and pub_id not in unclaimed:
+                unclaimed[pub_id] = None
+                if len(unclaimed) > UNCLAIMED_MEMORY:
+                    entries.pop(unclaimed.popitem(last=False)[0], None)
         for sender, batch in self.waiting.pop(statement.ref):
             self.add_leaves(sender, batch)
 
@@ -528,6 +536,7 @@ class Assembly:
             mark = (sender, statement.ref, position)
             if mark not in taken:
                 taken.add(mark)
+                self._unclaimed.pop(entry.pub_id, None)
                 self._leaves[entry.pub_id].append(
                     (sender, statement, entry, blob[at : at + entry.size])
                 )
@@ -547,6 +556,7 @@ class Assembly:
         self._entries.pop(pub_id, None)
         self._leaves.pop(pub_id, None)
         self._taken.pop(pub_id, None)
+        self._unclaimed.pop(pub_id, None)
 
     def reconstruct(
         self,
@@ -831,6 +841,15 @@ def _signer(path: PathView, broker: str) -> Ed25519PublicKey | None:
 
 _NONE: dict[bytes, bytes] = {}
 _WAITING_LIMIT = 4096
+
+UNCLAIMED_MEMORY = 1 << 15
+"""Publications a subscriber keeps statement entries of while no leaf of theirs came. A
+relay's statement covers every publication of its pass routed to the subscriber's edge VN,
+many of them perhaps for other subscribers there, whose leaves never come: past this many
+the oldest go (until 2026-11-29 they were kept for good, a subscriber leaking the entries,
+and the statements they hold, of every publication it shared an edge VN with and did not
+match). A publication's leaves come with its statement or a pass later, never tens of
+thousands of publications later."""
 """Statements a subscriber keeps leaves waiting for (the oldest let go)."""
 
 LEAVES_WAITING_BUDGET = 16 << 20

@@ -414,6 +414,32 @@ def test_a_relay_sending_leaves_under_a_statement_never_sent_fills_only_its_own_
         assert assembly.reconstruct(pub_id, world.path, complete=True) == (key, ())
 
 
+def test_entries_of_publications_whose_leaves_never_come_are_let_go_oldest_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A relay's statements cover publications for other subscribers of its VN too; their
+    leaves never come to this one. Their entries go past ``UNCLAIMED_MEMORY`` (until
+    2026-11-29 a subscriber kept them for good: one per publication it did not match),
+    and the publications whose leaves do come keep theirs."""
+    monkeypatch.setattr(pass_shares, "UNCLAIMED_MEMORY", 8)
+    world = World((3, 3))
+    others = {f"other/{n}".encode(): os.urandom(32) for n in range(40)}
+    _, other_statements, _ = _deliver(world, others)
+    mine = {f"pub/{n}".encode(): os.urandom(32) for n in range(2)}
+    _, statements, deliveries = _deliver(world, mine)
+    assembly = Assembly()
+    for one in statements:
+        assembly.add_statement(one)
+    for sender, batch in deliveries:
+        assembly.add_leaves(sender, batch)
+    for one in other_statements:
+        assembly.add_statement(one)
+    kept = set(assembly._entries)  # (no public view of the entries: this is what leaks)
+    assert len(kept - set(mine)) <= 8
+    for pub_id, key in mine.items():
+        assert assembly.reconstruct(pub_id, world.path, complete=True) == (key, ())
+
+
 @pytest.mark.parametrize("byzantine", [{}, {"v1.0": "corrupt"}, {"v0.2": "equivocate"}])
 def test_k_of_r_holders_leaves_give_every_key_before_the_rest_arrive(
     byzantine: dict[str, str],
