@@ -82,7 +82,13 @@ from broker.wire.protocol import (
 )
 from broker.wire.resend import RecentFrames
 from overlay.manifest import Manifest
-from security.agreement import Blame, MarkRequests, ReplicatedStream, forget_idle_streams
+from security.agreement import (
+    Blame,
+    CopyBudget,
+    MarkRequests,
+    ReplicatedStream,
+    forget_idle_streams,
+)
 from security.envelope import Signer
 from security.pass_keys import PassKeys
 from security.pass_shares import PassStatement, root_holdings, split_pass
@@ -104,6 +110,9 @@ log = logging.getLogger("trellis.client")
 
 _FRAME_OVERHEAD = 64
 _KEY_MEMORY = 4096
+_COPY_BYTES = 64 << 20
+"""Bytes of undecided copies one replica may have at a subscription (at least twice the
+broker's frame limit); past it its new copies are refused and blamed as flooding."""
 _CORK_LIMIT = 64 * 1024
 RECENT_PUBLICATION_BYTES = 2 * 1024 * 1024
 """Bytes of the newest publications (``ack=False``) a client keeps per replica endpoint, to
@@ -148,6 +157,10 @@ class Delivery:
     @property
     def confidential(self) -> bool:
         return self.sec is not None
+
+
+def _delivery_bytes(delivery: Delivery) -> int:
+    return len(delivery.payload) + 256
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
@@ -441,8 +454,13 @@ class Subscription:
         # confidential publications given up because their key never arrived (key_patience)
         self.keys_missing = 0
         self._key_timer: asyncio.TimerHandle | None = None
-        # publisher -> the agreement on the copies the replicas delivered
+        # publisher -> the agreement on the copies the replicas delivered, and the bytes of
+        # undecided copies per replica over all of them (a replica's lone copies for
+        # publishers the others never deliver are never decided: bounded here)
         self._streams: dict[str, ReplicatedStream[int, Delivery]] = {}
+        self._budget: CopyBudget[int, Delivery] = CopyBudget(
+            max(_COPY_BYTES, 2 * client.max_frame), _delivery_bytes
+        )
         self._expiry: asyncio.TimerHandle | None = None
 
     @property
@@ -485,7 +503,9 @@ class Subscription:
         if stream is None:
             if len(self._streams) >= client.max_publishers:
                 forget_idle_streams(self._streams, client.max_publishers)
-            stream = self._streams[publisher] = ReplicatedStream(client.fault_tolerance)
+            stream = self._streams[publisher] = ReplicatedStream(
+                client.fault_tolerance, budget=self._budget
+            )
             stream.floor = self._delivered.get(publisher, 0)
         attrs = delivery.attrs
         content = (

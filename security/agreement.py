@@ -41,7 +41,7 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -50,6 +50,7 @@ __all__ = [
     "FLOODING",
     "TWO_VERSIONS",
     "Blame",
+    "CopyBudget",
     "MarkRequests",
     "ReplicatedStream",
     "forget_idle_streams",
@@ -89,12 +90,47 @@ class Blame(Generic[S]):
         return _WHY[self.fault]
 
 
-class _Version(Generic[S, T]):
-    __slots__ = ("item", "sources")
+class CopyBudget(Generic[S, T]):
+    """Bytes of undecided versions each source brought, over every stream sharing this
+    budget (a broker's, a subscription's).
 
-    def __init__(self, item: T, source: S) -> None:
+    ``limit`` copies per source bound one stream, not many: a source that sends lone copies
+    for publishers nobody else sends (never decided, so never let go) held memory without
+    bound, one new stream at a time. Past ``limit`` bytes its new versions are refused and
+    it is blamed as flooding; a copy that joins a version another source brought costs
+    nothing (it is not kept). An honest source has only what is in flight undecided.
+    """
+
+    def __init__(self, limit: int, weigh: Callable[[T], int]) -> None:
+        self.limit = limit
+        self.weigh = weigh
+        self.charged: dict[S, int] = {}
+        self.refused: set[S] = set()  # sources blamed for going over (once each)
+
+    def take(self, source: S, cost: int) -> bool:
+        charged = self.charged.get(source, 0) + cost
+        if charged > self.limit:
+            return False
+        if cost:
+            self.charged[source] = charged
+        return True
+
+    def give_back(self, source: S, cost: int) -> None:
+        left = self.charged[source] - cost
+        if left > 0:
+            self.charged[source] = left
+        else:
+            del self.charged[source]
+
+
+class _Version(Generic[S, T]):
+    __slots__ = ("cost", "item", "owner", "sources")
+
+    def __init__(self, item: T, source: S, cost: int = 0) -> None:
         self.item = item
         self.sources = {source}
+        self.owner = source  # who brought it, charged ``cost`` for it (a CopyBudget)
+        self.cost = cost
 
 
 class _Pending(Generic[S, T]):
@@ -114,12 +150,15 @@ class ReplicatedStream(Generic[S, T]):
             and blamed (an honest source has only what is in flight).
     """
 
-    def __init__(self, faults: int, *, limit: int = 16384) -> None:
+    def __init__(
+        self, faults: int, *, limit: int = 16384, budget: CopyBudget[S, T] | None = None
+    ) -> None:
         if faults < 0:
             raise ValueError(f"faults must be >= 0, got {faults}")
         self.faults = faults
         self.threshold = faults + 1
         self.limit = limit
+        self.budget = budget
         self.floor = -1
         """Every sequence at or below it is decided (released or abandoned)."""
         self.first_copy_at = 0.0
@@ -183,12 +222,21 @@ class ReplicatedStream(Generic[S, T]):
         if load >= self.limit:
             self._flood(source, seq)
             return []
+        cost = 0
+        budget = self.budget
+        if version is None and budget is not None:
+            cost = budget.weigh(item)
+            if not budget.take(source, cost):
+                if source not in budget.refused:  # (once per budget: streams come and go)
+                    budget.refused.add(source)
+                    self.blames.append(Blame(source, seq, FLOODING))
+                return []
         self._load[source] = load + 1
         if entry is None:
             entry = self._pending[seq] = _Pending(now)
             heapq.heappush(self._heap, seq)
         if version is None:
-            entry.versions[content] = _Version(item, source)
+            entry.versions[content] = _Version(item, source, cost)
         else:
             version.sources.add(source)
         return self._settle()
@@ -263,7 +311,10 @@ class ReplicatedStream(Generic[S, T]):
         if winner is not None:
             self.first_copy_at = entry.since
         load = self._load
+        budget = self.budget
         for content, version in entry.versions.items():
+            if budget is not None and version.cost:
+                budget.give_back(version.owner, version.cost)
             for source in version.sources:
                 load[source] -= 1
                 if winner is not None and content != winner:

@@ -232,6 +232,14 @@ class BrokerConfig(BaseModel):
         "past it, the idle ones heard from least recently are forgotten (memory stays "
         "bounded however many short-lived publishers pass through)",
     )
+    max_copy_bytes_per_source: int = Field(
+        64 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="bytes of publication copies one upstream replica may have here "
+        "undecided (fewer than f + 1 identical copies yet), over all publishers; past it its "
+        "new copies are refused and it is blamed as flooding: lone copies for publishers "
+        "nobody else sends are never decided, so without it they held memory without bound",
+    )
     copy_patience: float = Field(
         1.0,
         gt=0,
@@ -378,6 +386,12 @@ class BrokerConfig(BaseModel):
             raise ValueError(
                 f"client_endpoints names {strangers[0]!r}, which neither neighbours nor peers "
                 f"list as a replica of this broker's VN {vn!r}"
+            )
+        if self.max_copy_bytes_per_source < 2 * self.max_frame:
+            raise ValueError(
+                f"max_copy_bytes_per_source = {self.max_copy_bytes_per_source} is less than "
+                f"twice max_frame = {self.max_frame}: an upstream replica's largest copies "
+                "would be refused; raise it"
             )
         return self
 

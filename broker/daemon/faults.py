@@ -349,4 +349,5 @@ def build_forwarding(
         patience=config.copy_patience,
         silence_deadline=config.silence_deadline,
         max_publishers=config.max_publishers,
+        max_copy_bytes=config.max_copy_bytes_per_source,
     )

@@ -58,7 +58,7 @@ from broker.daemon.traffic_log import TrafficLog
 from broker.language.filters import Value
 from broker.routing.router import Router
 from broker.wire.protocol import Forward, Publish, encode_deliver, encode_forward
-from security.agreement import ReplicatedStream, forget_idle_streams
+from security.agreement import CopyBudget, ReplicatedStream, forget_idle_streams
 from security.errors import InvalidRequest
 from security.publication import SecBlock
 
@@ -74,6 +74,19 @@ Content = tuple[bytes, SecBlock | None, tuple[tuple[str, Value], ...], tuple[typ
 """What copies of one publication must agree on (value types too: ``1 == 1.0 == True``)."""
 
 Copies = ReplicatedStream[str, Forward]
+
+MAX_COPY_BYTES = 64 << 20
+"""Bytes of undecided copies one upstream replica may have at a broker by default (config
+``max_copy_bytes_per_source``)."""
+
+COPY_OVERHEAD = 256
+"""Bytes an undecided copy is charged beyond its payload (its message and version)."""
+
+
+def _copy_bytes(msg: Forward) -> int:
+    return len(msg.payload) + COPY_OVERHEAD
+
+
 """One publisher's copies from one upstream VN, by sending replica."""
 
 MAX_STREAMS = 65536
@@ -127,6 +140,7 @@ class Forwarder:
         patience: float = 1.0,
         silence_deadline: float = 2.0,
         max_publishers: int = MAX_STREAMS,
+        max_copy_bytes: int = MAX_COPY_BYTES,
     ) -> None:
         self.router = router
         self.stats = stats
@@ -137,6 +151,8 @@ class Forwarder:
         # (upstream VN, publisher) -> the agreement on that publisher's copies
         self.streams: dict[tuple[str, str], Copies] = {}
         self.max_streams = max_publishers
+        # Bytes of undecided copies per upstream replica, over all its streams.
+        self.budget: CopyBudget[str, Forward] = CopyBudget(max_copy_bytes, _copy_bytes)
         self.waiting: set[tuple[str, str]] = set()
         # Silence: upstream VN -> its hop; VN -> (when a publication from it was agreed, when
         # its first copy came), one publication at a time; sender -> when its last copy came.
@@ -207,7 +223,9 @@ class Forwarder:
         key = (vn, msg.publisher)
         stream = self.streams.get(key)
         if stream is None:
-            stream = self.streams[key] = ReplicatedStream((source.size - 1) // 2)
+            stream = self.streams[key] = ReplicatedStream(
+                (source.size - 1) // 2, budget=self.budget
+            )
             self.upstream[vn] = source
         released = stream.offer(sender, msg.seq, content_of(msg), msg, now)
         if stream.blames:

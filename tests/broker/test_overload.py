@@ -29,7 +29,7 @@ from broker.client import Client
 from broker.errors import LimitExceeded, TrellisError
 from broker.tools.launcher import BrokerProcess
 from broker.tools.local import fetch_json, fetch_text
-from broker.wire.protocol import Deliver, Error, Role
+from broker.wire.protocol import PROTOCOL_VERSION, Deliver, Error, MsgType, Pong, Role
 from security.ca import create_ca, issue, save_ca, write_issued
 from security.tls import client_context
 from tests.fuzz_wire import Witness
@@ -45,6 +45,8 @@ from tests.overload import (
     storm,
 )
 from tests.support import drain
+from tests.system.test_overlay import metric
+from tests.wire import RawPeer
 
 
 @pytest.mark.slow
@@ -179,6 +181,43 @@ async def test_a_client_that_never_reads_its_replies_is_not_read_either(
         assert len(served) >= 20, len(served)
     finally:
         unread.close()
+        witness.close()
+
+
+@pytest.mark.slow
+async def test_a_replica_sending_lone_copies_for_ever_new_publishers_fills_only_its_budget(
+    run_broker: Callable[..., BrokerProcess],
+) -> None:
+    """A copy waits for ``f + 1`` identical ones; a lone copy for a publisher no other
+    replica sends is never decided. A Byzantine replica sending one for a new publisher in
+    every frame held memory without bound (each stream bounds its undecided copies by
+    count, not the streams together): past ``max_copy_bytes_per_source`` its new copies
+    are refused and it is blamed once as flooding, and a client is served meanwhile."""
+    vn_x = [
+        {"id": f"x.{i}", "endpoint": "127.0.0.1:9", "vn": "x", "replica": i, "vn_size": 3}
+        for i in range(3)
+    ]
+    broker = run_broker("zz-lone", admin_port=0, neighbours=vn_x, max_copy_bytes_per_source=4 << 20)
+    witness = Witness(broker.host, broker.port)
+    watch = MemoryWatch([broker.pid])
+    peer = await RawPeer.connect(f"{broker.host}:{broker.port}")
+    try:
+        await peer.send(MsgType.HELLO, PROTOCOL_VERSION, "broker", "x.0", {})
+        payload = bytes(64 * 1024)
+        for n in range(2000):  # 128 MiB of lone copies
+            await peer.send(MsgType.FORWARD, f"ghost-{n}", 1, {"class": "lone"}, payload, None)
+        await peer.send(MsgType.PING, 9)
+        while not isinstance(await peer.receive(timeout=30), Pong):
+            pass
+        served = round_trips(witness, 100, seconds=3.0)
+        before, peak, _ = watch.finish()[broker.pid]
+        text = fetch_text(f"http://{broker.host}:{broker.admin_port}/metrics")
+        flooding = metric(text, "trellis_copy_blame_total", culprit="x.0", fault="flooding")
+        assert flooding == 1
+        assert peak - before < 48 * 1024, (before, peak)  # KiB: not the 128 MiB sent
+        assert len(served) >= 20, len(served)
+    finally:
+        await peer.close()
         witness.close()
 
 

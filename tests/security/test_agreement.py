@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from security.agreement import MarkRequests, ReplicatedStream, forget_idle_streams
+from security.agreement import CopyBudget, MarkRequests, ReplicatedStream, forget_idle_streams
 
 Copy = tuple[int, bytes]  # (seq, payload)
 
@@ -215,6 +215,51 @@ def test_a_source_flooding_undecided_copies_is_cut_off_and_blamed() -> None:
         stream.offer("bad", seq, b"x", b"x")
     assert stream.waiting == 4
     assert [b.source for b in stream.blames] == ["bad"]
+
+
+def test_lone_copies_for_ever_new_publishers_are_refused_past_the_sources_budget() -> None:
+    """``limit`` bounds one stream; a source sending lone copies for publishers nobody else
+    sends (never decided, never let go) is bounded over all streams by a shared budget in
+    bytes: refused and blamed once past it, while the other sources' copies still count."""
+    budget: CopyBudget[str, bytes] = CopyBudget(1_000, len)
+    streams = [ReplicatedStream[str, bytes](1, budget=budget) for _ in range(50)]
+    for stream in streams:
+        stream.offer("bad", 1, b"x" * 100, b"x" * 100)
+    assert budget.charged == {"bad": 1_000}
+    assert sum(stream.waiting for stream in streams) == 10
+    blames = [b for stream in streams for b in stream.blames]
+    assert [(b.source, b.fault) for b in blames] == [("bad", "flooding")]
+    good = streams[-1]
+    assert good.offer("a", 1, b"one", b"one") == []
+    assert good.offer("b", 1, b"one", b"one") == [(1, b"one")]
+    assert budget.charged == {"bad": 1_000}  # "a" brought "one", decided and given back
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 3),  # stream
+            st.sampled_from(["a", "b", "c"]),  # source
+            st.integers(1, 6),  # seq
+            st.binary(min_size=0, max_size=30),  # content
+        ),
+        max_size=120,
+    )
+)
+def test_a_budget_charges_each_source_exactly_the_undecided_versions_it_brought(
+    offers: list[tuple[int, str, int, bytes]],
+) -> None:
+    budget: CopyBudget[str, bytes] = CopyBudget(100, len)
+    streams = [ReplicatedStream[str, bytes](1, budget=budget) for _ in range(4)]
+    for index, source, seq, content in offers:
+        streams[index].offer(source, seq, content, content)
+        owed: dict[str, int] = {}
+        for stream in streams:
+            for pending in stream._pending.values():
+                for version in pending.versions.values():
+                    owed[version.owner] = owed.get(version.owner, 0) + version.cost
+        assert budget.charged == {s: n for s, n in owed.items() if n}
+        assert all(n <= 100 for n in budget.charged.values())
 
 
 def test_faults_must_not_be_negative() -> None:
