@@ -372,13 +372,22 @@ def test_with_at_most_f_byzantine_replicas_per_vn_every_key_is_recovered_and_onl
     assert named <= set(byzantine), (named, byzantine)
 
 
-def test_leaves_that_arrive_before_their_statement_wait_for_it() -> None:
-    world = World((3, 3))
-    keys = {f"pub/{n}".encode(): os.urandom(32) for n in range(2)}
+def _leaves_before_statements(
+    world: World, count: int
+) -> tuple[dict[bytes, bytes], list[PassStatement], Assembly]:
+    """``count`` keys relayed over ``world``; an assembly handed their leaves only (the
+    statements are returned, to hand it later)."""
+    keys = {f"pub/{n}".encode(): os.urandom(32) for n in range(count)}
     _, statements, deliveries = _deliver(world, keys)
     assembly = Assembly()
     for sender, batch in deliveries:
         assembly.add_leaves(sender, batch)
+    return keys, statements, assembly
+
+
+def test_leaves_that_arrive_before_their_statement_wait_for_it() -> None:
+    world = World((3, 3))
+    keys, statements, assembly = _leaves_before_statements(world, 2)
     for pub_id in keys:
         assert assembly.reconstruct(pub_id, world.path).key is None
     for one in statements:
@@ -398,11 +407,7 @@ def test_a_relay_sending_leaves_under_a_statement_never_sent_fills_only_its_own_
     budget = 64 * 1024
     monkeypatch.setattr(pass_shares, "LEAVES_WAITING_BUDGET", budget)
     world = World((3, 3))
-    keys = {f"pub/{n}".encode(): os.urandom(32) for n in range(2)}
-    _, statements, deliveries = _deliver(world, keys)
-    assembly = Assembly()
-    for sender, batch in deliveries:
-        assembly.add_leaves(sender, batch)
+    keys, statements, assembly = _leaves_before_statements(world, 2)
     junk = LeafBatch(os.urandom(32), (0,), bytes(1024))
     for _ in range(1000):
         assembly.add_leaves("v1.2", junk)
