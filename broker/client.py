@@ -110,6 +110,8 @@ log = logging.getLogger("trellis.client")
 
 _FRAME_OVERHEAD = 64
 _KEY_MEMORY = 4096
+_MEMBERSHIP_SAID = 4
+"""Membership announcements of one replica that count at once (its latest)."""
 _COPY_BYTES = 64 << 20
 """Bytes of undecided copies one replica may have at a subscription (at least twice the
 broker's frame limit); past it its new copies are refused and blamed as flooding."""
@@ -798,6 +800,10 @@ class Client:
         # replicas are connected.
         self.membership_version = -1
         self._membership_votes: dict[int, dict[str, set[int]]] = {}
+        # endpoint index -> the announcements it counts for, oldest first: its latest
+        # _MEMBERSHIP_SAID only (a replica announcing version after version must not grow
+        # the votes; an honest one may say the next before the last was followed)
+        self._membership_said: dict[int, list[tuple[int, str]]] = {}
         self._retired: set[int] = set()
         self._split_target: int | None = None
         self._ids: dict[int, str] = {}  # endpoint index -> broker id (from its WELCOME)
@@ -1673,9 +1679,22 @@ class Client:
                 with contextlib.suppress(ConnectionLost):
                     link.send(Notice(_MEMBERSHIP, {"version": self.membership_version}))
             return
-        voters = self._membership_votes.setdefault(version, {}).setdefault(
-            json.dumps(data, sort_keys=True, default=repr), set()
-        )
+        said = json.dumps(data, sort_keys=True, default=repr)
+        votes = self._membership_votes
+        mine = self._membership_said.setdefault(index, [])
+        if (version, said) not in mine:
+            mine.append((version, said))
+            if len(mine) > _MEMBERSHIP_SAID:
+                old_version, old_said = mine.pop(0)
+                by_text = votes.get(old_version, {})
+                old_voters = by_text.get(old_said)
+                if old_voters is not None:
+                    old_voters.discard(index)
+                    if not old_voters:
+                        del by_text[old_said]
+                if not by_text:
+                    votes.pop(old_version, None)
+        voters = votes.setdefault(version, {}).setdefault(said, set())
         voters.add(index)
         if len(voters) >= self.fault_tolerance + 1:
             self._follow_membership(version, members, manifest)

@@ -62,6 +62,24 @@ async def test_announcements_that_differ_do_not_add_up(client: Client) -> None:
     assert client.membership_version == -1
 
 
+async def test_only_each_replicas_latest_announcements_count(client: Client) -> None:
+    """A replica announcing version after version (until 2026-11-29 every one was kept
+    until some version was followed, so a Byzantine replica grew them without bound)
+    counts for its latest few only; an honest one that said the next version before the
+    client followed the last still counts for both, and the others move the client."""
+    for version in range(10, 1010):
+        client._membership_heard(0, {**announcement(["b0.0"], version), "pad": "x" * 100})
+    assert sum(len(by_text) for by_text in client._membership_votes.values()) == 4
+    grown = announcement(["b0.0", "b0.1", "b0.2", "b0.3"], version=5)
+    shrunk = announcement(["b0.0", "b0.1", "b0.2"], version=6)
+    client._membership_heard(1, grown)
+    client._membership_heard(1, shrunk)
+    client._membership_heard(2, grown)
+    assert client.membership_version == 5
+    client._membership_heard(2, shrunk)
+    assert client.membership_version == 6
+
+
 async def test_a_shrink_stops_using_the_replica_that_left_and_splits_for_fewer(
     client: Client,
 ) -> None:
