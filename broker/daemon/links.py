@@ -23,6 +23,14 @@ from reconfig.live import tables_digest
 
 log = logging.getLogger("trellis.overlay")
 
+MAX_STATES = 8192
+"""Brokers whose link state a broker keeps: announcements of new brokers past it are not
+kept nor flooded on (a replica announcing under a new id in every frame grew every broker's
+table until 2026-11-29). Far above any overlay this runs."""
+
+MAX_NEIGHBOURS = 4096
+"""Neighbours one announcement may name; a longer one is ignored."""
+
 
 class LinkStates:
     """The latest link-state announcement of every broker this one has heard of."""
@@ -44,6 +52,11 @@ class LinkStates:
         """Record another broker's announcement; True when it is news (flood it on)."""
         known = self.states.get(msg.broker_id)
         if msg.broker_id == self.broker_id or (known and known[0] >= msg.version):
+            return False
+        if len(msg.neighbours) > MAX_NEIGHBOURS or (
+            known is None and len(self.states) >= MAX_STATES
+        ):
+            log.debug("link state of %r not kept (bounds)", msg.broker_id)
             return False
         self.states[msg.broker_id] = (msg.version, msg.vn, frozenset(msg.neighbours))
         return True
