@@ -78,6 +78,7 @@ from security.propagation import (
     threshold_for,
     wrong_secrets,
 )
+from security.publication import epoch_of
 from security.waiting import WaitingShares, Weight
 
 __all__ = [
@@ -510,6 +511,8 @@ class Assembly:
         entries, leaves, unclaimed = self._entries, self._leaves, self._unclaimed
         for entry in statement.entries:
             pub_id = entry.pub_id
+            if epoch_of(pub_id) is None:
+                continue  # no publication's: nothing could ever let it go
             entries[pub_id].append((statement, entry))
             if pub_id not in leaves and pub_id not in unclaimed:
                 unclaimed[pub_id] = None
@@ -532,6 +535,10 @@ class Assembly:
             if type(position) is not int or not 0 <= position < len(entries):
                 break
             entry = entries[position]
+            if entry.pub_id not in self._entries:
+                # (no publication's, or one let go: its key is known or was given up)
+                at += entry.size
+                continue
             taken = self._taken[entry.pub_id]
             mark = (sender, statement.ref, position)
             if mark not in taken:

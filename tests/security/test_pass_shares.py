@@ -445,6 +445,17 @@ def test_entries_of_publications_whose_leaves_never_come_are_let_go_oldest_first
         assert assembly.reconstruct(pub_id, world.path, complete=True) == (key, ())
 
 
+def test_leaves_under_entries_that_name_no_publication_are_not_kept() -> None:
+    """Only a publication's leaves are ever let go (with its key assembly); a relay's
+    leaves under entries naming no publication were kept for good until 2026-11-29."""
+    world = World((3, 3))
+    junk = {b"no-publication": os.urandom(32), b"p/x": os.urandom(32)}
+    _, statements, deliveries = _deliver(world, junk)
+    assembly = _assembly(statements, deliveries)
+    assert assembly.publications() == []
+    assert not assembly._entries  # (what would have stayed)
+
+
 @pytest.mark.parametrize("byzantine", [{}, {"v1.0": "corrupt"}, {"v0.2": "equivocate"}])
 def test_k_of_r_holders_leaves_give_every_key_before_the_rest_arrive(
     byzantine: dict[str, str],
