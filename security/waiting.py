@@ -60,22 +60,27 @@ class WaitingShares(Generic[K, V]):
         """Keep ``item`` under ``key``; False (nothing kept) when its sender's waiting
         shares would be charged more than the budget."""
         sender, ref, statement_bytes, own = self._weigh(item)
-        cost = own + WAITING_OVERHEAD
-        if ref is not None and (sender, ref) not in self._statements:
-            cost += statement_bytes
-        charged = self._charged.get(sender, 0) + cost
-        if charged > self.budget:
+        cost = self._cost(sender, ref, statement_bytes, own)
+        if self._charged.get(sender, 0) + cost > self.budget:
             return False
         items = self._epochs.get(key)
         if items is None:
-            items = self._epochs[key] = []
-            if len(self._epochs) > self.keys:
+            if len(self._epochs) >= self.keys:
                 self._release(self._epochs.popitem(last=False)[1])
+                # (it may have let go of this sender's statement: charged less, not more)
+                cost = self._cost(sender, ref, statement_bytes, own)
+            items = self._epochs[key] = []
         items.append(item)
-        self._charged[sender] = charged
+        self._charged[sender] = self._charged.get(sender, 0) + cost
         if ref is not None:
             self._statements[sender, ref] = self._statements.get((sender, ref), 0) + 1
         return True
+
+    def _cost(self, sender: str, ref: bytes | None, statement_bytes: int, own: int) -> int:
+        cost = own + WAITING_OVERHEAD
+        if ref is not None and (sender, ref) not in self._statements:
+            cost += statement_bytes
+        return cost
 
     def pop(self, key: K) -> list[V]:
         """``key``'s waiting shares, no longer kept (nor charged)."""

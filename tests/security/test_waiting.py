@@ -84,35 +84,39 @@ steps = st.lists(
 )
 
 
-@given(steps)
+@given(steps, st.sampled_from([2, 3, 64]))
 def test_each_senders_charge_is_what_its_kept_shares_cost_and_never_over_budget(
-    script: list[tuple[str, int, Item | None]],
+    script: list[tuple[str, int, Item | None]], keys: int
 ) -> None:
-    """Whatever is added and popped, in any order: a sender's charge is the cost of its
-    kept shares (each statement once, however many shares came under it), an add is
-    refused exactly when it would take that past the budget, and pop returns what was
-    kept. (A statement's bytes are per reference: the strategy gives one size per ref by
-    weighing each ref with the size of its first use.)"""
+    """Whatever is added and popped, in any order, with at most ``keys`` keys kept (the
+    oldest let go): a sender's charge is the cost of its kept shares (each statement once,
+    however many shares came under it), an add is refused exactly when it would take that
+    past the budget, and pop returns what was kept. (A statement's bytes are per
+    reference: the strategy gives one size per ref by weighing each ref with the size of
+    its first use.)"""
     budget = 6_000
-    waiting: WaitingShares[tuple[str, int], Item] = WaitingShares(weigh, budget, keys=64)
-    model: dict[int, list[Item]] = {}
+    waiting: WaitingShares[tuple[str, int], Item] = WaitingShares(weigh, budget, keys=keys)
+    model: dict[int, list[Item]] = {}  # in insertion order, like the keys kept
     sizes: dict[tuple[str, bytes], int] = {}
     for op, seq, drawn in script:
         key = ("p", seq)
         if op == "pop":
             assert waiting.pop(key) == model.pop(seq, [])
-            continue
-        assert drawn is not None
-        item = drawn
-        if drawn.ref is not None:
-            size = sizes.setdefault((drawn.sender, drawn.ref), drawn.statement_bytes)
-            item = drawn._replace(statement_bytes=size)
+        else:
+            assert drawn is not None
+            item = drawn
+            if drawn.ref is not None:
+                size = sizes.setdefault((drawn.sender, drawn.ref), drawn.statement_bytes)
+                item = drawn._replace(statement_bytes=size)
+            kept = [i for items in model.values() for i in items]
+            would = expected_charge([*kept, item], item.sender)
+            added = waiting.add(key, item)
+            assert added == (would <= budget)
+            if added:
+                if seq not in model and len(model) >= keys:
+                    del model[next(iter(model))]
+                model.setdefault(seq, []).append(item)
         kept = [i for items in model.values() for i in items]
-        would = expected_charge([*kept, item], item.sender)
-        added = waiting.add(key, item)
-        assert added == (would <= budget)
-        if added:
-            model.setdefault(seq, []).append(item)
-    kept = [i for items in model.values() for i in items]
-    for sender in "abc":
-        assert waiting.charged(sender) == expected_charge(kept, sender) <= budget
+        for sender in "abc":
+            assert waiting.charged(sender) == expected_charge(kept, sender) <= budget
+        assert len(waiting) == len(model) <= keys
