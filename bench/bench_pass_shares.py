@@ -45,6 +45,7 @@ from security.pass_shares import (
     split_pass,
 )
 from security.propagation import Member, PathView
+from security.publication import publication_id
 
 REPLICAS = 3
 VNS = 3
@@ -65,7 +66,9 @@ class Party:
 def pipeline(count: int, signers: dict[str, Signer], path: PathView, serial: int) -> None:
     """One pass of ``count`` publications through the line to one subscriber."""
     publisher = signers["pub"]
-    keys = [(f"pub/{serial}.{n}".encode(), os.urandom(32)) for n in range(count)]
+    # (real publication ids: a subscriber keeps no entry naming no publication)
+    first = serial * 1_000_000
+    keys = [(publication_id("pub", first + n), os.urandom(32)) for n in range(count)]
     sealed = []
     for pub_id, key in keys:
         nonce = os.urandom(12)
