@@ -83,6 +83,8 @@ from broker.wire.protocol import (
 from broker.wire.resend import RecentFrames
 from overlay.manifest import Manifest
 from security.agreement import (
+    COPY_BUDGET,
+    COPY_OVERHEAD,
     Blame,
     CopyBudget,
     MarkRequests,
@@ -112,9 +114,6 @@ _FRAME_OVERHEAD = 64
 _KEY_MEMORY = 4096
 _MEMBERSHIP_SAID = 4
 """Membership announcements of one replica that count at once (its latest)."""
-_COPY_BYTES = 64 << 20
-"""Bytes of undecided copies one replica may have at a subscription (at least twice the
-broker's frame limit); past it its new copies are refused and blamed as flooding."""
 _CORK_LIMIT = 64 * 1024
 RECENT_PUBLICATION_BYTES = 2 * 1024 * 1024
 """Bytes of the newest publications (``ack=False``) a client keeps per replica endpoint, to
@@ -162,7 +161,7 @@ class Delivery:
 
 
 def _delivery_bytes(delivery: Delivery) -> int:
-    return len(delivery.payload) + 256
+    return len(delivery.payload) + COPY_OVERHEAD
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
@@ -461,7 +460,7 @@ class Subscription:
         # publishers the others never deliver are never decided: bounded here)
         self._streams: dict[str, ReplicatedStream[int, Delivery]] = {}
         self._budget: CopyBudget[int, Delivery] = CopyBudget(
-            max(_COPY_BYTES, 2 * client.max_frame), _delivery_bytes
+            max(COPY_BUDGET, 2 * client.max_frame), _delivery_bytes
         )
         self._expiry: asyncio.TimerHandle | None = None
 

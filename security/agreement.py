@@ -47,6 +47,8 @@ from typing import Generic, TypeVar
 
 __all__ = [
     "ALTERED",
+    "COPY_BUDGET",
+    "COPY_OVERHEAD",
     "FLOODING",
     "TWO_VERSIONS",
     "Blame",
@@ -59,6 +61,13 @@ __all__ = [
 S = TypeVar("S", bound=Hashable)
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
+
+COPY_BUDGET = 64 << 20
+"""Bytes of undecided versions one source may have by default (:class:`CopyBudget`; a
+broker's ``max_copy_bytes_per_source``, a subscription's at least twice the frame limit)."""
+
+COPY_OVERHEAD = 256
+"""Bytes an undecided version is charged beyond its payload (its message and version)."""
 
 _RECENT = 4096
 _FIRST_RING = 8

@@ -79,7 +79,7 @@ from security.propagation import (
     wrong_secrets,
 )
 from security.publication import epoch_of
-from security.waiting import WaitingShares, Weight
+from security.waiting import WAITING_BUDGET, WaitingShares, Weight
 
 __all__ = [
     "Assembly",
@@ -859,7 +859,7 @@ match). A publication's leaves come with its statement or a pass later, never te
 thousands of publications later."""
 """Statements a subscriber keeps leaves waiting for (the oldest let go)."""
 
-LEAVES_WAITING_BUDGET = 16 << 20
+LEAVES_WAITING_BUDGET = WAITING_BUDGET
 """Bytes of leaves one relay may have waiting at a subscriber for statements not seen yet:
 a Byzantine relay sending leaves under statements it never sends, again and again, fills
 its own allowance only (until 2026-11-29 the leaves under one reference grew without

@@ -17,6 +17,10 @@ Weight = tuple[str, bytes | None, int, int]
 """What one waiting share costs its sender: (sender, the reference of the statement it came
 under or None, that statement's bytes, the share's own bytes)."""
 
+WAITING_BUDGET = 16 << 20
+"""Bytes of waiting shares one sender may have by default (a broker's
+``max_waiting_share_bytes``, a subscriber's leaves per relay)."""
+
 WAITING_OVERHEAD = 256
 """Bytes a waiting share is charged beyond its data (its tuple, lineage and references)."""
 

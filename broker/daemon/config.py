@@ -33,8 +33,10 @@ from pydantic_core import ErrorDetails
 from broker.errors import TrellisError
 from broker.wire.protocol import DEFAULT_MAX_FRAME
 from overlay.manifest import Manifest
+from security.agreement import COPY_BUDGET
 from security.envelope import private_key_from_bytes
 from security.topics_identity import load_trusted_tdns
+from security.waiting import WAITING_BUDGET
 
 ENV_PREFIX = "TRELLIS_"
 
@@ -206,7 +208,7 @@ class BrokerConfig(BaseModel):
         "limit_exceeded (the connection stays open)",
     )
     max_waiting_share_bytes: int = Field(
-        16 * 1024 * 1024,
+        WAITING_BUDGET,
         ge=64 * 1024,
         description="bytes of key shares from one sender (a client's root splits, an upstream "
         "replica's) that may wait at this broker for their publication or for a path a "
@@ -233,7 +235,7 @@ class BrokerConfig(BaseModel):
         "bounded however many short-lived publishers pass through)",
     )
     max_copy_bytes_per_source: int = Field(
-        64 * 1024 * 1024,
+        COPY_BUDGET,
         ge=1024 * 1024,
         description="bytes of publication copies one upstream replica may have here "
         "undecided (fewer than f + 1 identical copies yet), over all publishers; past it its "

@@ -121,6 +121,7 @@ _HEARTBEATS = (Ping, Pong)
 NOT_READING = "not reading"
 """Why a client is not read: more than ``send_buffer_limit`` is queued to it
 (``slow_consumer = "drop"``), so its requests' replies would queue without bound."""
+
 # A neighbour that cannot be dialled: warn once it fails for this long, then this often.
 _LINK_WARN_AFTER = 2.0
 _LINK_WARN_EVERY = 30.0

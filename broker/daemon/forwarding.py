@@ -58,7 +58,13 @@ from broker.daemon.traffic_log import TrafficLog
 from broker.language.filters import Value
 from broker.routing.router import Router
 from broker.wire.protocol import Forward, Publish, encode_deliver, encode_forward
-from security.agreement import CopyBudget, ReplicatedStream, forget_idle_streams
+from security.agreement import (
+    COPY_BUDGET,
+    COPY_OVERHEAD,
+    CopyBudget,
+    ReplicatedStream,
+    forget_idle_streams,
+)
 from security.errors import InvalidRequest
 from security.publication import SecBlock
 
@@ -74,19 +80,6 @@ Content = tuple[bytes, SecBlock | None, tuple[tuple[str, Value], ...], tuple[typ
 """What copies of one publication must agree on (value types too: ``1 == 1.0 == True``)."""
 
 Copies = ReplicatedStream[str, Forward]
-
-MAX_COPY_BYTES = 64 << 20
-"""Bytes of undecided copies one upstream replica may have at a broker by default (config
-``max_copy_bytes_per_source``)."""
-
-COPY_OVERHEAD = 256
-"""Bytes an undecided copy is charged beyond its payload (its message and version)."""
-
-
-def _copy_bytes(msg: Forward) -> int:
-    return len(msg.payload) + COPY_OVERHEAD
-
-
 """One publisher's copies from one upstream VN, by sending replica."""
 
 MAX_STREAMS = 65536
@@ -98,6 +91,10 @@ next copy opens a new one."""
 # The most publications a broker records during one round (a lease at most): the window
 # that needs replaying is the spread of its VN's freeze points, a few publications.
 ROUTE_RECORD_LIMIT = 4096
+
+
+def _copy_bytes(msg: Forward) -> int:
+    return len(msg.payload) + COPY_OVERHEAD
 
 
 class RoutedPublication(NamedTuple):
@@ -140,7 +137,7 @@ class Forwarder:
         patience: float = 1.0,
         silence_deadline: float = 2.0,
         max_publishers: int = MAX_STREAMS,
-        max_copy_bytes: int = MAX_COPY_BYTES,
+        max_copy_bytes: int = COPY_BUDGET,
     ) -> None:
         self.router = router
         self.stats = stats
