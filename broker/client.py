@@ -93,7 +93,7 @@ from security.agreement import (
 )
 from security.envelope import Signer
 from security.pass_keys import PassKeys
-from security.pass_shares import PassStatement, root_holdings, split_pass
+from security.pass_shares import Held, PassStatement, root_holdings, split_bytes, split_pass
 from security.paths import KeyAssembly
 from security.propagation import (
     ChainVerifier,
@@ -1236,10 +1236,25 @@ class Client:
                 root = (publication_id(self.signer.id, epoch.first_seq), epoch.key)
                 groups.setdefault((epoch.vn, epoch.replicas), []).append(root)
         passes = []
+        budget = self.max_frame // 2
         for (vn, r), roots in groups.items():
-            self._pass_serial += 1
-            passes.append(split_pass(self.signer, vn, self._pass_serial, r, root_holdings(roots)))
+            # A burst of epochs in one pass is split in pieces each edge replica's frame
+            # limit admits (one PASS over it would close the link with every key in it).
+            piece: list[Held] = []
+            size = 0
+            for held in root_holdings(roots):
+                cost = split_bytes(held, r)
+                if piece and size + cost > budget:
+                    passes.append(self._root_pass(vn, r, piece))
+                    piece, size = [], 0
+                piece.append(held)
+                size += cost
+            passes.append(self._root_pass(vn, r, piece))
         return passes
+
+    def _root_pass(self, vn: str, r: int, held: list[Held]) -> tuple[PassStatement, list[bytes]]:
+        self._pass_serial += 1
+        return split_pass(self.signer, vn, self._pass_serial, r, held)
 
     @staticmethod
     def _send_root_passes(

@@ -92,9 +92,11 @@ __all__ = [
     "claimed_vns",
     "entry_problem",
     "leaf_batches",
+    "leaf_bytes",
     "open_pass",
     "parse_statement",
     "root_holdings",
+    "split_bytes",
     "split_pass",
     "statement_ref",
 ]
@@ -191,6 +193,33 @@ class Held(NamedTuple):
     lineage: Lineage
     opening: bytes
     parent: bytes
+
+
+FRAMING = 24
+"""Bytes of framing one share's row costs in a PASS or LEAVES frame, at most (msgpack
+headers of its statement row and blob part, its size or position)."""
+
+
+def split_bytes(share: Held, r: int) -> int:
+    """What splitting ``share`` toward ``r`` replicas adds to each of their PASS frames, at
+    most: its statement row (publication, lineage, parent reference, r commitments) and its
+    child opening in the blob. Callers keep a pass's frames under the receiver's frame
+    limit with it (one over closes the link with every share in it)."""
+    return (
+        len(share.pub_id)
+        + len(share.lineage)
+        + len(share.parent)
+        + _DIGEST * r
+        + SALT_SIZE
+        + len(share.opening)
+        + FRAMING
+    )
+
+
+def leaf_bytes(share: Held) -> int:
+    """What handing ``share`` to a subscriber adds to a LEAVES frame, at most (its batch's
+    statement reference counted in full)."""
+    return _DIGEST + len(share.opening) + FRAMING
 
 
 def root_holdings(roots: Iterable[tuple[bytes, bytes]]) -> list[Held]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import NamedTuple, Protocol, TypeVar
 
 from broker.daemon.config import NeighbourConfig
@@ -48,8 +48,10 @@ from security.pass_shares import (
     StatementStore,
     entry_problem,
     leaf_batches,
+    leaf_bytes,
     open_pass,
     parse_statement,
+    split_bytes,
     split_pass,
     statement_ref,
 )
@@ -108,6 +110,9 @@ class ShareHost(Protocol):
 
     @property
     def waiting_budget(self) -> int: ...
+
+    @property
+    def frame_budget(self) -> int: ...
 
     @property
     def keep_recent(self) -> bool: ...
@@ -407,36 +412,35 @@ class PassForwarding:
         if not work:
             return
         owner = self.owner
-        sends = self.split(hop, [a.share for a in work])
         stats = owner.stats
-        stats.shares_split += len(work)
         scheme = (hop.peer_id, hop.size)
         owner.splits_by_scheme[scheme] = owner.splits_by_scheme.get(scheme, 0) + len(work)
-        above = self._chains(work)
         replicas = {
             n.replica: conn
             for broker_id, conn in hop.members.items()
             if not conn.closing and (n := owner.neighbours.get(broker_id)) is not None
         }
-        for replica, statement, blob in sends:
-            conn = replicas.get(replica)
-            if conn is None:
-                continue
-            conn.send(Pass(self._new_to(conn, above), statement.raw, statement.signature, blob))
-            stats.shares_forwarded += len(work)
-            written[conn] = None
+        r = hop.size
+        for piece, above in self._pieces(work, lambda a: split_bytes(a.share, r)):
+            sends = self.split(hop, [a.share for a in piece])
+            stats.shares_split += len(piece)
+            for replica, statement, blob in sends:
+                conn = replicas.get(replica)
+                if conn is None:
+                    continue
+                conn.send(Pass(self._new_to(conn, above), statement.raw, statement.signature, blob))
+                stats.shares_forwarded += len(piece)
+                written[conn] = None
 
     def _hand(self, hop: Hop, work: list[Accepted]) -> None:
         """A local subscriber's leaves, relayed as received, with the statements above."""
         owner = self.owner
-        under = {a.statement.ref: a.statement for a in work}
-        batches = leaf_batches([a.share for a in work], under)
-        hop.send(
-            Leaves(
-                self._new_to(hop, self._chains(work)),
-                [(b.ref, b.positions, b.blob) for b in batches],
+        for piece, above in self._pieces(work, lambda a: leaf_bytes(a.share)):
+            under = {a.statement.ref: a.statement for a in piece}
+            batches = leaf_batches([a.share for a in piece], under)
+            hop.send(
+                Leaves(self._new_to(hop, above), [(b.ref, b.positions, b.blob) for b in batches])
             )
-        )
         owner.stats.shares_delivered += len(work)
         if owner.keep_recent:
             recent = self._recent.get(hop)
@@ -446,6 +450,31 @@ class PassForwarding:
         for accepted in work:
             if owner.sample_relay():
                 self._relay_checks.append(accepted)
+
+    def _pieces(
+        self, work: list[Accepted], share_bytes: Callable[[Accepted], int]
+    ) -> Iterator[tuple[list[Accepted], list[PassStatement]]]:
+        """``work`` with the statements above it, in pieces whose frames stay within the
+        owner's ``frame_budget``: a busy event-loop pass can gather thousands of shares for
+        one hop, and a frame over the receiver's ``max_frame`` closes the link with every
+        share in it (lost for good: 2026-11-29, a subscriber missed 2,000 keys in a row).
+
+        A piece is charged every statement above it, sent on this link before or not, so
+        that a statement's whole chain stays within the budget hop after hop (a piece of
+        one share is sent whatever it weighs: its chain is its parent's plus one entry)."""
+        budget = self.owner.frame_budget
+        todo = [work]
+        while todo:
+            part = todo.pop()
+            above = self._chains(part)
+            size = sum(len(s.raw) + len(s.signature) for s in above)
+            size += sum(map(share_bytes, part))
+            if size <= budget or len(part) == 1:
+                yield part, above
+                continue
+            count = min(len(part), -(-size // budget))
+            step = -(-len(part) // count)
+            todo.extend(part[at : at + step] for at in reversed(range(0, len(part), step)))
 
     def _chains(self, work: list[Accepted]) -> list[PassStatement]:
         """Every statement above the shares of ``work`` (theirs included), each once.

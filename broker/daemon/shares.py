@@ -173,6 +173,8 @@ class SecureForwarding:
             _weigh, config.max_waiting_share_bytes, EPOCH_MEMORY
         )
         self.waiting_budget = config.max_waiting_share_bytes
+        # What one PASS or LEAVES frame may carry (half the frame limit: room for framing).
+        self.frame_budget = config.max_frame // 2
         # The security block of each epoch whose content was routed here.
         self.secs: OrderedDict[tuple[str, int], SecBlock] = OrderedDict()
         # Splits of this event-loop pass, sealed by one signature, and the shares they make

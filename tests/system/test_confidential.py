@@ -574,3 +574,44 @@ async def test_the_publications_waiting_behind_a_key_that_never_arrives_keep_the
                 got.append((message.seq, message.payload))
     assert got == [(i, f"payload {i}".encode()) for i in range(1, count + 1) if i != 2]
     assert sub.keys_missing == 1
+
+
+async def test_a_burst_split_in_one_pass_is_sent_in_frames_its_receivers_accept(
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    """A relay that reads a burst of confidential publications in one event-loop pass
+    splits all their shares at once; their PASS frame used to be one, whatever it weighed,
+    and one over the next broker's ``max_frame`` closed the link with every share in it
+    (a subscriber lost 2,000 keys in a row, 2026-11-29). With a small frame limit, a burst
+    without acks reaches the subscriber whole, and no broker refused a frame."""
+    names = broker_names(3)
+    overlay = run_overlay(
+        line_tree(names),
+        replicas={"b0": 3, "b1": 3, "b2": 1},
+        heartbeat_interval=1.0,
+        max_frame=8192,
+    )
+    count = 400
+    async with (
+        Client(overlay.endpoints("b0"), client_id="pub") as pub,
+        Client(overlay.endpoints("b2"), client_id="sub", manifest=overlay.manifest) as sub_client,
+        sub_client.subscribe("class = 'secret'") as sub,
+    ):
+        await pub.advertise("class = 'secret'")
+        await asyncio.to_thread(overlay.wait_quiet)
+        for i in range(count):
+            await pub.publish(
+                {"class": "secret", "i": i}, f"payload {i}".encode(), confidential=True, ack=False
+            )
+        await pub.drain()
+        got = []
+        for _ in range(count):
+            try:
+                msg = await sub.get(15)
+            except TrellisTimeout:
+                break
+            got.append((msg.seq, msg.payload))
+    assert got == expected(count)
+    for name in overlay.brokers:
+        log = (overlay.workdir / f"{name}.log").read_text(encoding="utf-8")
+        assert "too_large" not in log, name
