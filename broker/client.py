@@ -37,11 +37,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, cast
 
+import msgpack
+
 from broker.errors import (
     ERRORS_BY_CODE,
     ConnectionLost,
     InvalidRequest,
-    PayloadTooLarge,
     ProtocolError,
     SlowConsumerError,
     TLSError,
@@ -54,6 +55,8 @@ from broker.wire.protocol import (
     DEFAULT_MAX_FRAME,
     MARK_NOTICE,
     MARKS_OPTION,
+    MAX_ATTR_NAME,
+    MAX_STRING_VALUE,
     PROTOCOL_VERSION,
     REPLICAS_OPTION,
     RESUMED_OPTION,
@@ -78,6 +81,8 @@ from broker.wire.protocol import (
     Unsubscribe,
     Welcome,
     encode,
+    forward_growth,
+    unforwardable,
     validate_attrs,
 )
 from broker.wire.resend import RecentFrames
@@ -111,6 +116,11 @@ __all__ = ["Client", "Delivery", "Status", "Subscription", "parse_endpoint"]
 log = logging.getLogger("trellis.client")
 
 _FRAME_OVERHEAD = 64
+_ATTR_ROOM = 4 * (MAX_ATTR_NAME + MAX_STRING_VALUE) + 16
+"""An attribute's encoded bytes, at most (name and string value in UTF-8)."""
+_SEC_ROOM = 4096
+"""Bytes a confidential publication's frame keeps for its security block (about 200 by
+the pass; up to 3.3 KiB for the record form's first of an epoch at 64 replicas)."""
 _KEY_MEMORY = 4096
 _MEMBERSHIP_SAID = 4
 """Membership announcements of one replica that count at once (its latest)."""
@@ -1124,13 +1134,7 @@ class Client:
         if not isinstance(payload, bytes | bytearray | memoryview):
             raise InvalidRequest(f"payload must be bytes, got {type(payload).__name__}")
         payload = bytes(payload)
-        if len(payload) + _FRAME_OVERHEAD > self.max_frame:
-            raise PayloadTooLarge(
-                f"payload of {len(payload)} bytes exceeds the broker's frame limit "
-                f"of {self.max_frame}",
-                size=len(payload),
-                limit=self.max_frame,
-            )
+        self._check_forwardable(attrs, payload, confidential)
         self._seq += 1
         seq = self._seq
         if confidential:
@@ -1159,6 +1163,22 @@ class Client:
             with contextlib.suppress(ConnectionLost):
                 link.send(msg)
         return seq
+
+    def _check_forwardable(
+        self, attrs: dict[str, Value], payload: bytes, confidential: bool
+    ) -> None:
+        """Refuse a publication whose frame a broker could not forward (the broker refuses
+        it too, with the same error; here it is refused before it is numbered). Its
+        attributes are measured only when they could matter: the usual publication is far
+        below the limit, and this runs for every one."""
+        limit = self.max_frame - forward_growth(self.client_id)
+        if confidential:
+            limit -= _SEC_ROOM
+        size = len(payload) + _FRAME_OVERHEAD
+        if size + len(attrs) * _ATTR_ROOM > limit:
+            size += len(msgpack.packb(attrs))
+            if size > limit:
+                raise unforwardable(size, limit)
 
     async def _publish_confidential(
         self, seq: int, attrs: dict[str, Value], payload: bytes, ack: bool

@@ -100,6 +100,8 @@ from broker.wire.protocol import (
     encode,
     encode_filter,
     error_for,
+    forward_growth,
+    unforwardable,
 )
 from broker.wire.resend import RecentFrames
 from reconfig.live import Reply, RoundStats, vouch_quorum
@@ -196,6 +198,8 @@ class Connection(asyncio.Protocol):
         # whether it has published: only a publisher's stream needs a common freeze point.
         self.marks = False
         self.published = False
+        # A client's PUBLISH frames are refused when their FORWARD would not fit max_frame.
+        self.forward_limit = broker.config.max_frame
         # The highest seq this connection published (a client without a session: its seqs
         # must increase on the connection).
         self.max_seq = 0
@@ -1142,6 +1146,7 @@ class Broker:
                 old.transport.abort()
             self.connection_closed(old)
         conn.peer_id = client_id
+        conn.forward_limit = self.config.max_frame - forward_growth(client_id)
         if self.sessions.linger > 0:
             conn.recent = recent_deliveries()
         self.clients[client_id] = conn
@@ -1492,6 +1497,9 @@ class Broker:
     def publish(self, source: Connection, msg: Publish) -> None:
         """A local client's publication: route it, then acknowledge or refuse it."""
         assert source.peer_id is not None
+        if source.decoder.last > source.forward_limit:
+            source.reject(msg.rid, unforwardable(source.decoder.last, source.forward_limit))
+            return
         source.published = True
         session = source.session
         known = self.publisher_sessions.get(source.peer_id) if session is not None else None

@@ -83,6 +83,26 @@ announcement says the same): ``[[broker id, endpoint], ...]``, the VN's replicas
 answering one's endpoint empty), so that a client given too few endpoints finds the rest."""
 DEFAULT_MAX_FRAME = 1024 * 1024
 MAX_ID_LENGTH = 256
+
+
+def forward_growth(publisher: str) -> int:
+    """Bytes a FORWARD of ``publisher``'s publication may weigh beyond its PUBLISH frame
+    (it names the publisher where the PUBLISH had a request id), at most: a PUBLISH that
+    fits ``max_frame`` with less to spare could not be forwarded to the next broker."""
+    return len(publisher.encode()) + 5
+
+
+def unforwardable(size: int, limit: int) -> PayloadTooLarge:
+    """The refusal of a publication whose frame (``size`` bytes) is over ``limit``, the
+    frame limit less :func:`forward_growth` (the SDK's and the broker's alike)."""
+    return PayloadTooLarge(
+        f"publication of {size} bytes (payload, attributes and security block) exceeds the "
+        f"{limit} bytes a broker can forward (its max_frame less room to name the publisher)",
+        size=size,
+        limit=limit,
+    )
+
+
 MAX_ATTRS = 128
 MAX_ATTR_NAME = 256
 MAX_STRING_VALUE = 64 * 1024
@@ -433,11 +453,13 @@ class FrameDecoder:
     A frame over ``max_frame`` is rejected from its header alone, before buffering it.
     """
 
-    __slots__ = ("_buf", "consumed", "max_frame")
+    __slots__ = ("_buf", "consumed", "last", "max_frame")
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
         self._buf = bytearray()
         self.max_frame = max_frame
+        # The body length of the frame last yielded (read while handling it).
+        self.last = 0
         # Bytes of complete frames so far: a reader tells progress from a stalled frame.
         self.consumed = 0
 
@@ -471,6 +493,7 @@ class FrameDecoder:
                     break
                 start = offset + HEADER_SIZE
                 offset = start + length
+                self.last = length
                 yield decode_body(buf[start:offset])
         finally:
             del buf[:offset]
