@@ -904,6 +904,10 @@ class Broker:
     def covering(self) -> bool:
         return self.config.covering
 
+    @property
+    def max_frame(self) -> int:
+        return self.config.max_frame
+
     def neighbour_vns(self) -> list[str]:
         return sorted(str(h.peer_id) for h in self.router.neighbours if h.is_broker and h.peer_id)
 

@@ -141,6 +141,8 @@ from reconfig.live import (
     vouch_quorum,
 )
 from reconfig.ocbr import OcbrPlan, TabuParams, plan_view
+from reconfig.table_parts import PartsInProgress, TablesError, split_tables
+from reconfig.table_parts import Tables as TablePart
 from security.ca import Identity
 from security.errors import InvalidRequest, ProtocolError, TrellisError
 from security.tls import peer_identity
@@ -182,6 +184,9 @@ class Neighbourhood(Protocol):
 
     @property
     def covering(self) -> bool: ...
+
+    @property
+    def max_frame(self) -> int: ...
 
     @property
     def directory(self) -> Mapping[str, NeighbourConfig]:
@@ -391,6 +396,10 @@ class ReconfigAgent:
         self.markers = MarkerBook()
         # Tables vouched for by master replicas (marker wave 3): round -> digest -> tables.
         self._vouched: dict[str, dict[str, tuple[Mapping[str, Any], Mapping[str, Any]]]] = {}
+        # Tables too large for one frame come in parts: vouches (per link peer) and
+        # installs (per coordinator), each per round.
+        self._vouch_parts = PartsInProgress()
+        self._install_parts = PartsInProgress()
         self.coordinating: str | None = None
         self.stats = RoundStats()
         self.history: deque[dict[str, Any]] = deque(maxlen=200)
@@ -565,7 +574,7 @@ class ReconfigAgent:
         empty: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
         installs = [self.handle(Install("install", round_id, *tables.get(h.vn, empty)))]
         installs += [
-            self._call(
+            self._install_on(
                 c, Install("install", round_id, *tables.get(h.directory[c.peer].vn_id, empty))
             )
             for c in channels
@@ -642,10 +651,33 @@ class ReconfigAgent:
         return list(await asyncio.gather(*(self._call(c, step) for c in channels)))
 
     async def _call(self, channel: ControlChannel, step: Step) -> Reply:
+        return await self._request(channel, step.op, step.to_data())
+
+    async def _request(self, channel: ControlChannel, op: str, data: dict[str, Any]) -> Reply:
         try:
-            return await channel.call(step, self.settings.step_timeout * 2)
+            return await channel.request(op, data, self.settings.step_timeout * 2)
         except (OSError, TrellisError, TimeoutError, asyncio.IncompleteReadError) as exc:
             return Reply(False, f"{channel.peer}: {exc or type(exc).__name__}")
+
+    def _table_parts(self, held: Mapping[str, Any], sent: Mapping[str, Any]) -> list[TablePart]:
+        """A VN's tables in parts that fit half a frame (one part, mostly)."""
+        return split_tables(held, sent, self.hood.max_frame // 2)
+
+    async def _install_on(self, channel: ControlChannel, step: Install) -> Reply:
+        """``step`` at one member, in parts when its tables outweigh a frame: the member
+        answers each part and installs once the last is in."""
+        parts = self._table_parts(step.held, step.sent)
+        if len(parts) == 1:
+            return await self._call(channel, step)
+        digest = tables_digest(step.round, step.held, step.sent)
+        reply = OK
+        for i, (held, sent) in enumerate(parts):
+            data: dict[str, Any] = {"round": step.round, "held": held, "sent": sent}
+            data.update({"digest": digest, "part": i, "parts": len(parts)})
+            reply = await self._request(channel, "install", data)
+            if not reply.ok:
+                break
+        return reply
 
     async def is_coordinator(self) -> bool:
         """Whether no lower-numbered replica of this VN is alive to coordinate instead."""
@@ -736,6 +768,8 @@ class ReconfigAgent:
                     reply = await self.request_move(parse_move(data))
                 elif op == "neighbours":
                     reply = self.neighbours_answer(with_tables=data.get("tables") is True)
+                elif op == "install" and "parts" in data:
+                    reply = await self._install_part(sender, data)
                 else:
                     reply = await self.handle(parse_step(op, data))
             except TrellisError as exc:
@@ -746,6 +780,32 @@ class ReconfigAgent:
             answer(reply)
 
         self._spawn(serve())
+
+    async def _install_part(self, sender: str, data: Mapping[str, Any]) -> Reply:
+        """One part of a coordinator's install: kept until the last, then installed as a
+        whole (only during the round it is for)."""
+        round_id, digest = str(data.get("round")), str(data.get("digest"))
+        pending = self.member.pending
+        if pending is None or pending.round != round_id:
+            return Reply(False, f"{self.hood.broker_id}: no round {round_id} here to install")
+        try:
+            tables = self._install_parts.offer(
+                sender,
+                round_id,
+                digest,
+                data.get("part"),
+                data.get("parts"),
+                (data.get("held"), data.get("sent")),
+            )
+        except TablesError as exc:
+            raise InvalidRequest(f"RECONF install: {exc}") from None
+        if tables is None:
+            return OK
+        if tables_digest(round_id, *tables) != digest:
+            raise InvalidRequest("RECONF install: its parts do not match their digest")
+        return await self.handle(
+            parse_step("install", {"round": round_id, "held": tables[0], "sent": tables[1]})
+        )
 
     def kept_vns(self) -> frozenset[str]:
         """The neighbour VNs this broker keeps links to (what ``links_file`` holds), not
@@ -1010,6 +1070,16 @@ class ReconfigAgent:
             if pending is None or pending.round != round_id:
                 return  # late, or not for a round of ours: nothing will read it
             held, sent = data.get("held"), data.get("sent")
+            if "parts" in data:
+                try:
+                    tables = self._vouch_parts.offer(
+                        sender, round_id, digest, data.get("part"), data.get("parts"), (held, sent)
+                    )
+                except TablesError as exc:
+                    raise ProtocolError(f"RECONF marker of wave 3: {exc}") from None
+                if tables is None:
+                    return  # more parts to come
+                held, sent = tables
             if not isinstance(held, dict) or not isinstance(sent, dict):
                 raise ProtocolError("RECONF marker of wave 3 must carry 'held' and 'sent' maps")
             if tables_digest(round_id, held, sent) != digest:
@@ -1114,6 +1184,8 @@ class ReconfigAgent:
             log.warning("round %s: %s", step.round, pending.error)
             return pending
         self.markers.forget(step.round)
+        self._vouch_parts.forget(step.round)
+        self._install_parts.forget(step.round)
         h.accept_standby(pending.added)
         h.record_routes(True)
         h.expect_marks(step.round, pending.hood)
@@ -1296,21 +1368,28 @@ class ReconfigAgent:
 
     def _vouch(self, pending: Pending, tables: WireTables) -> None:
         """Send every member of the other VNs the tables this master replica computed for
-        its VN (marker wave 3), over the old links, which are still up."""
+        its VN (marker wave 3), over the old links, which are still up; in parts when
+        they outweigh half a frame (:mod:`reconfig.table_parts`)."""
         h = self.hood
+        made: dict[str, tuple[str, list[TablePart]]] = {}
         for peer in h.link_ids():
             vn = h.linked_vn(peer)
             if vn is None or vn == h.vn or vn not in pending.hood:
                 continue
-            held, sent = tables.get(vn, ({}, {}))
-            data = {
-                "round": pending.round,
-                "wave": VOUCH,
-                "digest": tables_digest(pending.round, held, sent),
-                "held": held,
-                "sent": sent,
-            }
-            h.send_on_link(peer, Reconf("marker", data))
+            split = made.get(vn)
+            if split is None:
+                held, sent = tables.get(vn, ({}, {}))
+                split = made[vn] = (
+                    tables_digest(pending.round, held, sent),
+                    self._table_parts(held, sent),
+                )
+            digest, parts = split
+            for i, (part_held, part_sent) in enumerate(parts):
+                data = {"round": pending.round, "wave": VOUCH, "digest": digest}
+                data.update({"held": part_held, "sent": part_sent})
+                if len(parts) > 1:
+                    data.update({"part": i, "parts": len(parts)})
+                h.send_on_link(peer, Reconf("marker", data))
         h.flush()
 
     def _vouched_tables(
@@ -1363,6 +1442,8 @@ class ReconfigAgent:
         if pending.added or pending.removed:
             self.start_window()
         self.markers.forget(pending.round)
+        self._vouch_parts.forget(pending.round)
+        self._install_parts.forget(pending.round)
         self._vouched.pop(pending.round, None)
         self._release()
 
@@ -1392,6 +1473,8 @@ class ReconfigAgent:
         h.announce_links()
         h.flush()
         self.markers.forget(round_id)
+        self._vouch_parts.forget(round_id)
+        self._install_parts.forget(round_id)
         self._vouched.pop(round_id, None)
         self._release()
         if pending.drained:
