@@ -1398,6 +1398,11 @@ CERT_WINDOW = 4096
 2 x :data:`CERT_WINDOW`, so every id a sender may reuse is still known at the other end."""
 
 _FRAME_CERTS = 512  # new certificates per frame at most (keeps id growth per frame small)
+_RECORD_FRAMING = 24  # msgpack headers of one batch entry, at most
+
+FRAME_BUDGET = 512 * 1024
+"""Bytes of one SHARES frame by default: half the default frame limit (a broker passes
+half its own ``max_frame``)."""
 
 
 class LinkCertsOut:
@@ -1409,20 +1414,33 @@ class LinkCertsOut:
         self._ids: dict[SplitCert, int] = {}
 
     def frames(
-        self, items: Iterable[tuple[str, int, ShareRecord]]
+        self, items: Iterable[tuple[str, int, ShareRecord]], budget: int = FRAME_BUDGET
     ) -> list[tuple[int, list[bytes], list[BatchEntry]]]:
         """The records of one pass for this link as (base id, new certificates, entries)
         per frame: a certificate the link carried recently is named by its id, a new one
-        travels once and takes the next id."""
+        travels once and takes the next id. A frame holds at most :data:`BATCH_RECORDS`
+        records and about ``budget`` bytes (a record larger has a frame to itself): with
+        many replicas per VN a record's new certificates weigh kilobytes, and a frame over
+        the receiver's ``max_frame`` closes the link with every share in it."""
         frames: list[tuple[int, list[bytes], list[BatchEntry]]] = []
         ids = self._ids
         base = self.next_id
         table: list[bytes] = []
         entries: list[BatchEntry] = []
+        size = 0
         for publisher, seq, record in items:
-            if len(entries) >= BATCH_RECORDS or len(table) >= _FRAME_CERTS:
+            cost = _RECORD_FRAMING + len(publisher) + len(record.pub_id) + len(record.data)
+            cost += len(record.salt) + 5 * (len(record.lineage) + len(record.certs))
+            for cert in record.certs:
+                i = ids.get(cert)
+                if i is None or i < self.next_id - CERT_WINDOW:
+                    cost += len(_pack_cert(cert))
+            if entries and (
+                len(entries) >= BATCH_RECORDS or len(table) >= _FRAME_CERTS or size + cost > budget
+            ):
                 frames.append((base, table, entries))
-                base, table, entries = self.next_id, [], []
+                base, table, entries, size = self.next_id, [], [], 0
+            size += cost
             refs = []
             for cert in record.certs:
                 i = ids.get(cert)

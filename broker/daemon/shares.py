@@ -617,7 +617,7 @@ class SecureForwarding:
                 if recent is None:
                     recent = recent_of[conn] = deque(maxlen=RECENT_SHARES)
                 recent.extend(items)
-            for base, certs, entries in link.frames(items):
+            for base, certs, entries in link.frames(items, self.frame_budget):
                 conn.send(Shares(base, certs, entries))
             written[conn] = None
         self._write(written, write)
@@ -648,7 +648,7 @@ class SecureForwarding:
         if not items:
             return
         link = self._certs_out[conn] = LinkCertsOut()
-        for base, certs, entries in link.frames(items):
+        for base, certs, entries in link.frames(items, self.frame_budget):
             conn.send(Shares(base, certs, entries))
 
     # -- silence -----------------------------------------------------------------------------

@@ -9,6 +9,8 @@ connection, and confine a garbled or unknown certificate to the entries that nam
 from __future__ import annotations
 
 import msgpack
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from security.envelope import Signer, new_key
 from security.propagation import (
@@ -59,6 +61,23 @@ def test_a_large_pass_is_split_into_frames_of_bounded_size() -> None:
     receiver = LinkCertsIn()
     again = [got for frame in frames for got in receiver.unpack(*frame)]
     assert again == items
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 40), st.integers(600, 20_000))
+def test_every_frame_stays_within_its_byte_budget_unless_it_holds_one_record(
+    pubs: int, budget: int
+) -> None:
+    """With many replicas per VN (here 2 of 3 at two levels, and a small budget standing
+    for a small ``max_frame``) a record's certificates weigh kilobytes: frames were cut by
+    count only until 2026-11-29 (a 128-record frame could exceed the frame limit)."""
+    items = _level2(pubs)
+    frames = LinkCertsOut().frames(items, budget)
+    for base, certs, entries in frames:
+        if len(entries) > 1:
+            assert len(msgpack.packb([base, certs, entries], use_bin_type=True)) <= budget
+    receiver = LinkCertsIn()
+    assert [got for frame in frames for got in receiver.unpack(*frame)] == items
 
 
 def test_a_certificate_the_link_carried_is_named_by_id_in_later_frames() -> None:
