@@ -97,6 +97,7 @@ from broker.wire.protocol import (
     Unadvertise,
     Unsubscribe,
     Welcome,
+    check_client_key,
     encode,
     encode_filter,
     error_for,
@@ -119,6 +120,7 @@ Actions = list[tuple[Hop, Message]]
 
 # Heartbeats are not counted as control traffic (tests wait for control traffic to settle).
 _HEARTBEATS = (Ping, Pong)
+_KEYED = (Advertise, Unadvertise, Subscribe, Unsubscribe)  # a client's keys are checked as ids
 
 NOT_READING = "not reading"
 """Why a client is not read: more than ``send_buffer_limit`` is queued to it
@@ -562,6 +564,8 @@ class Connection(asyncio.Protocol):
             return
         if type(msg) not in _HEARTBEATS:
             broker.stats.count_in(type(msg).__name__.lower())
+        if isinstance(msg, _KEYED):
+            check_client_key(msg)
         match msg:
             case Subscribe(rid, sub_id, flt):
                 if broker.topic_guard is not None:

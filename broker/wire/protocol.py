@@ -83,6 +83,9 @@ announcement says the same): ``[[broker id, endpoint], ...]``, the VN's replicas
 answering one's endpoint empty), so that a client given too few endpoints finds the rest."""
 DEFAULT_MAX_FRAME = 1024 * 1024
 MAX_ID_LENGTH = 256
+MAX_KEY_LENGTH = 3 * MAX_ID_LENGTH + 2
+"""A routing key between brokers: a broker forwards a client's advertisement or
+subscription under ``broker/client/key``, three ids long (a client's own key is an id)."""
 
 
 def forward_growth(publisher: str) -> int:
@@ -591,6 +594,15 @@ def _ident(name: str, field_name: str, value: object) -> str:
     return value
 
 
+def _key(name: str, field_name: str, value: object) -> str:
+    if type(value) is not str or not value or len(value) > MAX_KEY_LENGTH:
+        raise InvalidRequest(
+            f"{name} field '{field_name}' must be a non-empty string of at most "
+            f"{MAX_KEY_LENGTH} characters, got {_short(value)}"
+        )
+    return value
+
+
 def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -659,22 +671,33 @@ def _build_welcome(name: str, raw: list[Any]) -> Welcome:
 
 def _build_advertise(name: str, raw: list[Any]) -> Advertise:
     return Advertise(
-        _uint(name, "rid", raw[1]), _ident(name, "adv_id", raw[2]), _filter(name, raw[3])
+        _uint(name, "rid", raw[1]), _key(name, "adv_id", raw[2]), _filter(name, raw[3])
     )
 
 
 def _build_unadvertise(name: str, raw: list[Any]) -> Unadvertise:
-    return Unadvertise(_uint(name, "rid", raw[1]), _ident(name, "adv_id", raw[2]))
+    return Unadvertise(_uint(name, "rid", raw[1]), _key(name, "adv_id", raw[2]))
 
 
 def _build_subscribe(name: str, raw: list[Any]) -> Subscribe:
     return Subscribe(
-        _uint(name, "rid", raw[1]), _ident(name, "sub_id", raw[2]), _filter(name, raw[3])
+        _uint(name, "rid", raw[1]), _key(name, "sub_id", raw[2]), _filter(name, raw[3])
     )
 
 
 def _build_unsubscribe(name: str, raw: list[Any]) -> Unsubscribe:
-    return Unsubscribe(_uint(name, "rid", raw[1]), _ident(name, "sub_id", raw[2]))
+    return Unsubscribe(_uint(name, "rid", raw[1]), _key(name, "sub_id", raw[2]))
+
+
+def check_client_key(msg: Advertise | Unadvertise | Subscribe | Unsubscribe) -> None:
+    """A client's own advertisement or subscription key is an id (at most
+    :data:`MAX_ID_LENGTH`): the frame decodes keys as long as brokers forward them.
+
+    Raises:
+        InvalidRequest: the key is longer.
+    """
+    field = "sub_id" if isinstance(msg, Subscribe | Unsubscribe) else "adv_id"
+    _ident(type(msg).__name__.upper(), field, getattr(msg, field))
 
 
 def _build_publish(name: str, raw: list[Any]) -> Publish:

@@ -91,3 +91,28 @@ async def test_a_publish_frame_the_next_broker_could_not_take_is_refused_not_for
         await peer.send(MsgType.PING, 7)
         assert await peer.receive() == Pong(7)
         await peer.close()
+
+
+async def test_a_client_with_the_longest_id_subscribes_across_brokers(
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    """A broker forwards a client's subscription under a global key (``broker/client/key``),
+    longer than the 256 characters any one id may have: with a long client id the next
+    broker refused the SUBSCRIBE as malformed and closed the link, again at every
+    reconnect (until 2026-11-29). Keys between brokers may be as long as three ids."""
+    overlay = run_overlay(line_tree(["b0", "b1"]), heartbeat_interval=1.0)
+    longest = "s" * 256
+    async with (
+        Client(overlay.endpoint("b0"), client_id="pub") as pub,
+        Client(overlay.endpoint("b1"), client_id=longest) as sub_client,
+        sub_client.subscribe("class = 'far'") as sub,
+    ):
+        await pub.advertise("class = 'far'")
+        await pub.advertise("class = 'other'")
+        await sub_client.flush()
+        for i in range(1, 4):
+            await pub.publish({"class": "far", "i": i}, b"p")
+            assert (await sub.get(10)).attrs["i"] == i
+    for name in overlay.brokers:
+        log = (overlay.workdir / f"{name}.log").read_text(encoding="utf-8")
+        assert "must be a non-empty string" not in log, name

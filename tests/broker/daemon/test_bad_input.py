@@ -146,6 +146,19 @@ async def test_invalid_filter_on_the_wire_names_the_predicate(
     await witness.check_still_served()
 
 
+@pytest.mark.parametrize("kind", [MsgType.SUBSCRIBE, MsgType.ADVERTISE])
+async def test_a_client_key_longer_than_an_id_is_refused_though_brokers_forward_longer(
+    broker: BrokerProcess, witness: Witness, kind: MsgType
+) -> None:
+    """Brokers forward a client's keys under ``broker/client/key`` (up to 770 characters
+    decode); a client's own key is an id, at most 256."""
+    peer = await RawPeer.connect(broker.endpoint)
+    await peer.hello()
+    await peer.send(kind, 1, "k" * 257, [["class", "eq", "x"]])
+    await expect_error_and_close(peer, "invalid_request", "at most 256 characters")
+    await witness.check_still_served()
+
+
 async def test_an_unsatisfiable_filter_on_the_wire_is_refused_and_says_why(
     broker: BrokerProcess, witness: Witness
 ) -> None:
