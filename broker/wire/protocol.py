@@ -585,22 +585,17 @@ def _uint(name: str, field_name: str, value: object) -> int:
     return value
 
 
-def _ident(name: str, field_name: str, value: object) -> str:
-    if type(value) is not str or not value or len(value) > MAX_ID_LENGTH:
+def _ident(name: str, field_name: str, value: object, limit: int = MAX_ID_LENGTH) -> str:
+    if type(value) is not str or not value or len(value) > limit:
         raise InvalidRequest(
             f"{name} field '{field_name}' must be a non-empty string of at most "
-            f"{MAX_ID_LENGTH} characters, got {_short(value)}"
+            f"{limit} characters, got {_short(value)}"
         )
     return value
 
 
 def _key(name: str, field_name: str, value: object) -> str:
-    if type(value) is not str or not value or len(value) > MAX_KEY_LENGTH:
-        raise InvalidRequest(
-            f"{name} field '{field_name}' must be a non-empty string of at most "
-            f"{MAX_KEY_LENGTH} characters, got {_short(value)}"
-        )
-    return value
+    return _ident(name, field_name, value, MAX_KEY_LENGTH)
 
 
 def _short(value: object) -> str:

@@ -12,7 +12,7 @@ coordinator moves b2 next to b0, with 600 further subscriptions at b3 in its tab
 from __future__ import annotations
 
 import asyncio
-import time
+import contextlib
 from collections.abc import Callable
 
 import pytest
@@ -20,6 +20,11 @@ import pytest
 from broker.client import Client
 from broker.tools.local import LocalOverlay, fetch_json
 from overlay.tree import line_tree
+from tests.system.test_byzantine_coordinator import (
+    Stream,
+    assert_exactly_once_in_order,
+    stream_until,
+)
 from tests.system.test_reconfig_live import RECONFIG, applied_rounds
 
 pytestmark = pytest.mark.slow
@@ -39,51 +44,18 @@ async def test_a_round_with_tables_larger_than_a_frame_applies_and_loses_nothing
         reconfig=RECONFIG,
     )
     async with (
-        Client(overlay.endpoints("b0"), client_id="pub") as pub,
-        Client(overlay.endpoints("b2"), client_id="sub2") as sub2_client,
-        Client(overlay.endpoints("b3"), client_id="sub3") as sub3_client,
-        sub2_client.subscribe("class = 'q'") as sub2,
-        sub3_client.subscribe("class = 'q'") as sub3,
+        Client(overlay.endpoints("b0"), client_id="pad-pub") as pad_pub,
+        Client(overlay.endpoints("b3"), client_id="padding") as padder,
+        contextlib.AsyncExitStack() as stack,
     ):
-        padding = [
-            sub3_client.subscribe(f"class = 'pad' and tag = 'subscription number {i:05d}'")
-            for i in range(PADDING)
-        ]
-        for subscription in padding:
-            await subscription.__aenter__()
-        await pub.advertise("class = 'q'")
-        await pub.advertise("class = 'pad'")
-        await asyncio.to_thread(overlay.wait_quiet)
-        got: dict[str, list[int]] = {"sub2": [], "sub3": []}
-
-        async def read(name: str, sub) -> None:  # type: ignore[no-untyped-def]
-            async for msg in sub:
-                got[name].append(msg.seq)
-
-        readers = [
-            asyncio.create_task(read("sub2", sub2)),
-            asyncio.create_task(read("sub3", sub3)),
-        ]
-        sent = 0
-        started = time.monotonic()
-        while time.monotonic() - started < 25:
-            sent += 1
-            await pub.publish({"class": "q", "i": sent}, b"x", ack=sent % 25 == 0)
-            await asyncio.sleep(0.005)
-            if sent % 100 == 0 and await asyncio.to_thread(applied_rounds, overlay) >= 1:
-                break
-        await pub.drain()
-        deadline = time.monotonic() + 15
-        while (  # noqa: ASYNC110 - polls the readers
-            any(len(g) < sent for g in got.values()) and time.monotonic() < deadline
-        ):
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)
-        for task in readers:
-            task.cancel()
+        await pad_pub.advertise("class = 'pad'")  # the padding is routed toward b0
+        for i in range(PADDING):
+            filter_text = f"class = 'pad' and tag = 'subscription number {i:05d}'"
+            await stack.enter_async_context(padder.subscribe(filter_text))
+        stream = Stream()
+        await stream_until(overlay, stream, lambda: applied_rounds(overlay) >= 1, timeout=25)
     assert await asyncio.to_thread(applied_rounds, overlay) >= 1
-    for name, seqs in got.items():
-        assert seqs == list(range(1, sent + 1)), f"{name}: {len(seqs)} of {sent}"
+    await asyncio.to_thread(assert_exactly_once_in_order, overlay, stream)
     for name in overlay.brokers:
         log = (overlay.workdir / f"{name}.log").read_text(encoding="utf-8")
         assert "too_large" not in log, name
