@@ -56,6 +56,7 @@ from broker.wire.protocol import (
     MARK_NOTICE,
     MARKS_OPTION,
     MAX_ATTR_NAME,
+    MAX_ID_LENGTH,
     MAX_STRING_VALUE,
     PROTOCOL_VERSION,
     REPLICAS_OPTION,
@@ -81,8 +82,11 @@ from broker.wire.protocol import (
     Unsubscribe,
     Welcome,
     encode,
+    encode_filter,
     forward_growth,
+    key_growth,
     unforwardable,
+    unroutable,
     validate_attrs,
 )
 from broker.wire.resend import RecentFrames
@@ -1087,9 +1091,12 @@ class Client:
         Raises:
             FilterSyntaxError: the filter text does not parse.
             FilterError: no publication could ever match the filter.
+            InvalidRequest: ``adv_id`` is empty or longer than 256 characters.
+            PayloadTooLarge: the filter is too large for a broker to forward.
         """
         parsed = parse_filter(flt) if isinstance(flt, str) else flt.require_satisfiable()
         adv_id = adv_id or f"a{next(self._sub_ids)}"
+        self._check_routable("ADVERTISE", adv_id, parsed)
         self._advertisements[adv_id] = parsed
         try:
             await self._request(lambda rid: Advertise(rid, adv_id, parsed))
@@ -1313,9 +1320,26 @@ class Client:
         Raises:
             FilterSyntaxError: the filter text does not parse (raised here, before any I/O).
             FilterError: no publication could ever match the filter (also raised here).
+            PayloadTooLarge: the filter is too large for a broker to forward (also here).
         """
         parsed = parse_filter(flt) if isinstance(flt, str) else flt.require_satisfiable()
-        return Subscription(self, parsed, f"s{next(self._sub_ids)}", queue_size or self.queue_size)
+        sub_id = f"s{next(self._sub_ids)}"
+        self._check_routable("SUBSCRIBE", sub_id, parsed)
+        return Subscription(self, parsed, sub_id, queue_size or self.queue_size)
+
+    def _check_routable(self, name: str, key: str, flt: Filter) -> None:
+        """Refuse here what a broker would refuse: a key that is not an id, or a filter
+        whose frame, forwarded under ``broker/client/key``, would outweigh ``max_frame``
+        (refused by the broker too; the client used to send it again at every reconnect).
+        Broker ids are counted at their longest (256 characters)."""
+        if not key or len(key) > MAX_ID_LENGTH:
+            raise InvalidRequest(
+                f"{name} key must be a non-empty string of at most {MAX_ID_LENGTH} characters"
+            )
+        limit = self.max_frame - key_growth("b" * MAX_ID_LENGTH, self.client_id)
+        size = len(encode_filter(flt)) + len(key.encode()) + _FRAME_OVERHEAD
+        if size > limit:
+            raise unroutable(name, size, limit)
 
     async def _start_subscription(self, sub: Subscription) -> None:
         self._subscriptions[sub.id] = sub

@@ -102,7 +102,9 @@ from broker.wire.protocol import (
     encode_filter,
     error_for,
     forward_growth,
+    key_growth,
     unforwardable,
+    unroutable,
 )
 from broker.wire.resend import RecentFrames
 from reconfig.live import Reply, RoundStats, vouch_quorum
@@ -200,8 +202,9 @@ class Connection(asyncio.Protocol):
         # whether it has published: only a publisher's stream needs a common freeze point.
         self.marks = False
         self.published = False
-        # A client's PUBLISH frames are refused when their FORWARD would not fit max_frame.
-        self.forward_limit = broker.config.max_frame
+        # A client's PUBLISH frames are refused when their FORWARD would not fit max_frame,
+        # its ADVERTISE and SUBSCRIBE frames when they would not under a global key.
+        self.forward_limit = self.key_limit = broker.config.max_frame
         # The highest seq this connection published (a client without a session: its seqs
         # must increase on the connection).
         self.max_seq = 0
@@ -566,6 +569,10 @@ class Connection(asyncio.Protocol):
             broker.stats.count_in(type(msg).__name__.lower())
         if isinstance(msg, _KEYED):
             check_client_key(msg)
+            if self.decoder.last > self.key_limit and isinstance(msg, Advertise | Subscribe):
+                name = type(msg).__name__.upper()
+                self.reject(msg.rid, unroutable(name, self.decoder.last, self.key_limit))
+                return
         match msg:
             case Subscribe(rid, sub_id, flt):
                 if broker.topic_guard is not None:
@@ -1155,6 +1162,7 @@ class Broker:
             self.connection_closed(old)
         conn.peer_id = client_id
         conn.forward_limit = self.config.max_frame - forward_growth(client_id)
+        conn.key_limit = self.config.max_frame - key_growth(self.config.id, client_id)
         if self.sessions.linger > 0:
             conn.recent = recent_deliveries()
         self.clients[client_id] = conn

@@ -95,12 +95,29 @@ def forward_growth(publisher: str) -> int:
     return len(publisher.encode()) + 5
 
 
+def key_growth(broker_id: str, client_id: str) -> int:
+    """Bytes an ADVERTISE or SUBSCRIBE of client ``client_id`` may weigh more once broker
+    ``broker_id`` forwards it (under ``broker/client/key``), at most."""
+    return len(broker_id.encode()) + len(client_id.encode()) + 8
+
+
 def unforwardable(size: int, limit: int) -> PayloadTooLarge:
     """The refusal of a publication whose frame (``size`` bytes) is over ``limit``, the
     frame limit less :func:`forward_growth` (the SDK's and the broker's alike)."""
     return PayloadTooLarge(
         f"publication of {size} bytes (payload, attributes and security block) exceeds the "
         f"{limit} bytes a broker can forward (its max_frame less room to name the publisher)",
+        size=size,
+        limit=limit,
+    )
+
+
+def unroutable(name: str, size: int, limit: int) -> PayloadTooLarge:
+    """The refusal of an ADVERTISE or SUBSCRIBE (``name``) whose frame is over ``limit``,
+    the frame limit less :func:`key_growth` (the SDK's and the broker's alike)."""
+    return PayloadTooLarge(
+        f"{name} of {size} bytes exceeds the {limit} bytes a broker can forward (its "
+        "max_frame less room for the key it forwards the filter under)",
         size=size,
         limit=limit,
     )

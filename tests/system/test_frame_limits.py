@@ -6,6 +6,7 @@ one accepted crosses the overlay."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import msgpack
@@ -13,8 +14,9 @@ import pytest
 
 from broker.client import Client
 from broker.errors import PayloadTooLarge
+from broker.language.grammar import parse_filter
 from broker.tools.local import LocalOverlay
-from broker.wire.protocol import Error, MsgType, Pong, forward_growth
+from broker.wire.protocol import Error, MsgType, Pong, forward_growth, key_growth
 from overlay.tree import line_tree
 from tests.wire import RawPeer
 
@@ -116,3 +118,57 @@ async def test_a_client_with_the_longest_id_subscribes_across_brokers(
     for name in overlay.brokers:
         log = (overlay.workdir / f"{name}.log").read_text(encoding="utf-8")
         assert "must be a non-empty string" not in log, name
+
+
+def tags_filter(count: int) -> str:
+    """A filter naming ``count`` tags: its frame grows with ``count``."""
+    tags = ", ".join(f"'tag value {i:05d}'" for i in range(count))
+    return f"class = 'far' and tag in ({tags})"
+
+
+async def test_a_filter_too_large_to_forward_is_refused_and_the_largest_accepted_routes(
+    run_overlay: Callable[..., LocalOverlay],
+) -> None:
+    """An ADVERTISE or SUBSCRIBE is forwarded under ``broker/client/key``: one that fits
+    ``max_frame`` with less to spare is refused with ``too_large`` (the SDK refuses it
+    before sending; a client speaking the protocol gets the error for that request and
+    keeps its connection). The largest filter the SDK accepts routes publications across
+    the link."""
+    overlay = run_overlay(line_tree(["b0", "b1"]), max_frame=8192, heartbeat_interval=1.0)
+    async with (
+        Client(overlay.endpoint("b0"), client_id="pub") as pub,
+        Client(overlay.endpoint("b1"), client_id=LONG_ID) as sub_client,
+    ):
+        await pub.advertise("class = 'far'")
+        count = 1000
+        with pytest.raises(PayloadTooLarge, match="a broker can forward"):
+            sub_client.subscribe(tags_filter(count))
+        while True:  # the largest the SDK accepts
+            count -= 1
+            with contextlib.suppress(PayloadTooLarge):
+                largest = sub_client.subscribe(tags_filter(count))
+                break
+        async with largest as sub:
+            await sub_client.flush()
+            await pub.publish({"class": "far", "tag": f"tag value {count - 1:05d}"}, b"last tag")
+            assert (await sub.get(10)).payload == b"last tag"
+
+        peer = await RawPeer.connect(overlay.endpoint("b1"))
+        await peer.hello(LONG_ID + "-raw")
+        # a frame within max_frame, but with less to spare than the key it would go under
+        room = 8192 - key_growth("b1", LONG_ID + "-raw")
+        fields: list[object] = [MsgType.SUBSCRIBE, 5, "s1", []]
+        while len(msgpack.packb(fields)) <= room:
+            count += 1
+            fields[3] = parse_filter(tags_filter(count)).to_wire()
+        assert len(msgpack.packb(fields)) <= 8192
+        await peer.send(*fields)
+        refused = await peer.receive()
+        assert isinstance(refused, Error), refused
+        assert (refused.rid, refused.code) == (5, "too_large")
+        await peer.send(MsgType.PING, 8)
+        assert await peer.receive() == Pong(8)
+        await peer.close()
+    for name in overlay.brokers:
+        log = (overlay.workdir / f"{name}.log").read_text(encoding="utf-8")
+        assert "exceeds the limit" not in log, name
