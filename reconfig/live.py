@@ -463,15 +463,38 @@ class MemberRounds:
         self.lease = None
 
 
+MARKED_ROUNDS = 8
+"""Rounds one sender's markers are kept for at once (its latest)."""
+
+
 @dataclass
 class MarkerBook:
     """Markers received per round: ``(wave, sender)`` and the digest the marker carried
-    (the plan's in drain waves 1 and 2, the receiver's tables' in wave 3, the vouch)."""
+    (the plan's in drain waves 1 and 2, the receiver's tables' in wave 3, the vouch).
+
+    Each sender's markers are kept for its latest :data:`MARKED_ROUNDS` rounds only: a
+    round is forgotten when it ends here, but a marker that arrives later (a round that
+    ended here first) or names a round that never comes (a faulty neighbour) would
+    otherwise stay for good, one sender's flood evicting nobody else's."""
 
     seen: dict[str, dict[tuple[int, str], str]] = field(default_factory=dict)
+    _rounds_of: dict[str, dict[str, None]] = field(default_factory=dict)
 
     def record(self, round_id: str, wave: int, sender: str, digest: str = "") -> None:
         self.seen.setdefault(round_id, {})[(wave, sender)] = digest
+        rounds = self._rounds_of.setdefault(sender, {})
+        rounds.pop(round_id, None)
+        rounds[round_id] = None  # latest last
+        while len(rounds) > MARKED_ROUNDS:
+            oldest = next(iter(rounds))
+            del rounds[oldest]
+            markers = self.seen.get(oldest)
+            if markers is None:
+                continue
+            for key in [k for k in markers if k[1] == sender]:
+                del markers[key]
+            if not markers:
+                del self.seen[oldest]
 
     def missing(
         self, round_id: str, wave: int, peers: Iterable[str], live: Iterable[str]

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from overlay.tree import Link, Tree, broker_names, link, random_tree
 from reconfig.live import (
+    MARKED_ROUNDS,
     MAX_HOLD_LEASES,
     Install,
     Lock,
@@ -220,6 +221,25 @@ def test_markers_say_who_disagrees_and_who_vouched() -> None:
     assert book.vouchers("r", 3, "T", ["m.0", "m.1", "m.2"]) == {"m.0", "m.1"}
     book.forget("r")
     assert book.vouchers("r", 3, "T", ["m.0", "m.1", "m.2"]) == set()
+
+
+def test_markers_of_rounds_that_never_come_stay_bounded_per_sender() -> None:
+    """A faulty neighbour naming a new round in every marker, and late markers of rounds
+    already forgotten, kept everything until 2026-11-29: now each sender's latest
+    MARKED_ROUNDS rounds only, and one sender's flood evicts no other sender's marker."""
+    book = MarkerBook()
+    book.record("pending", 1, "a.0", "P")
+    for i in range(10_000):
+        book.record(f"bogus-{i}", 1, "x.0", "Z")
+    book.record("pending", 2, "x.0", "P")
+    assert book.missing("pending", 1, ["a.0"], ["a.0"]) == set()
+    assert book.disagreeing("pending", 2, "P") == set()
+    assert len(book.seen) <= MARKED_ROUNDS + 1
+    for i in range(100):  # late markers of rounds ended here (forgotten before they came)
+        book.forget(f"late-{i}")
+        book.record(f"late-{i}", 2, "a.1", "L")
+    assert len(book.seen) <= 2 * MARKED_ROUNDS + 1
+    assert book.missing("pending", 1, ["a.0"], ["a.0"]) == set()
 
 
 def test_asking_again_for_a_lock_does_not_extend_it() -> None:
