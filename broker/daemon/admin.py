@@ -183,6 +183,12 @@ class BrokerCollector:
             s.shares_over_budget,
         )
         yield counter(
+            "trellis_lagging_links_closed",
+            "Links to a replica closed because more than 4 x send_buffer_limit was queued to "
+            "it while the other replicas of its VN kept up",
+            s.lagging_links_closed,
+        )
+        yield counter(
             "trellis_bad_shares",
             "Key shares rejected (malformed or failing verification)",
             s.bad_shares,

@@ -154,6 +154,7 @@ ByzantineMode = Literal[
     "delay",
     "replay",
     "reorder",
+    "stall",
     "misplan",
     "mistable",
     "goes-back",

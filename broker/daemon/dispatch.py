@@ -124,6 +124,10 @@ Actions = list[tuple[Hop, Message]]
 _HEARTBEATS = (Ping, Pong)
 _KEYED = (Advertise, Unadvertise, Subscribe, Unsubscribe)  # a client's keys are checked as ids
 
+LAG_FACTOR = 4
+"""A lagging replica's link (see Broker.link_congested) is closed past this many times
+``send_buffer_limit`` queued to it."""
+
 NOT_READING = "not reading"
 """Why a client is not read: more than ``send_buffer_limit`` is queued to it
 (``slow_consumer = "drop"``), so its requests' replies would queue without bound."""
@@ -180,6 +184,9 @@ class Connection(asyncio.Protocol):
         # deliveries (see take_out).
         self.unkept: list[bytes] = []
         self.congested = False
+        # A broker link over its limit whose VN's other replicas keep up (see
+        # Broker.link_congested): not waited for, closed past LAG_FACTOR x the limit.
+        self.lagging = False
         self.dropped: dict[str, int] = {}
         self.closing = False
         # Reading: frames read but not yet handled (a suspended decoder pass), bytes that
@@ -505,6 +512,9 @@ class Connection(asyncio.Protocol):
                 # peer reset it); connection_lost follows. Raising here would end whatever
                 # task was flushing (the heartbeat's close: the whole broker).
                 log.debug("%r: write after the connection was lost", self)
+                return
+            if self.lagging and transport.get_write_buffer_size() > self.broker.lag_limit:
+                self.broker.close_lagging(self)
 
     def fail(self, exc: Exception, rid: int = 0) -> None:
         """Report ``exc`` in an ERROR frame and close this connection only."""
@@ -872,7 +882,11 @@ class Broker:
         # Marks asked of this broker by the replicas of neighbour VNs in their rounds.
         self.link_marks: MarkRequests[tuple[str, str], str] = MarkRequests()
         self.linkstates = LinkStates(config.id, self.vn)
+        # Broker links over send_buffer_limit; those of them the broker waits for (its
+        # local clients are not read meanwhile); how far a lagging one may fall behind.
+        self.over_limit: set[Connection] = set()
         self.congested_links: set[Connection] = set()
+        self.lag_limit = LAG_FACTOR * config.send_buffer_limit
         self.dirty: list[Connection] = []
         # Connections whose backlog waits for its next slice (they share read_slice).
         self.waiting: set[Connection] = set()
@@ -1033,6 +1047,7 @@ class Broker:
                 1 for c in self.clients.values() if c.membership_seen < c.membership_due
             ),
             "links": sorted(self.links),
+            "links_lagging": sorted(str(c.peer_id) for c in self.over_limit if c.lagging),
             "missing_links": missing,
             "srt": self.router.srt_size,
             "prt": self.router.prt_size,
@@ -1244,6 +1259,7 @@ class Broker:
         conn.vnhop = hop
         first = not hop.members
         hop.members[conn.peer_id] = conn
+        self.rejudge_lag(hop)
         self.reconfig.links_changed()
         if hop.peer_id in self.standby_vns:
             return  # routing starts when the reconfiguration installs this link
@@ -1274,12 +1290,59 @@ class Broker:
                     link.send(msg)
 
     def link_congested(self, conn: Connection, congested: bool) -> None:
-        """Pause reading from local clients while any broker link is over its limit."""
+        """Pause reading from local clients while a broker link is over its limit and
+        what is queued to it may have no other way: its VN has no spare replica (f = 0),
+        or more than f of its replicas' links are over. A replica lagging alone (at most f
+        of its VN's) is not waited for: its siblings carry the same publications, and a
+        faulty replica that reads its link at a trickle while answering PINGs held every
+        publisher of this broker back for good (until 2026-11-29). Its link stays open,
+        and is closed once LAG_FACTOR x send_buffer_limit is queued to it."""
         before = bool(self.congested_links)
         if congested:
-            self.congested_links.add(conn)
+            self.over_limit.add(conn)
         else:
+            self.over_limit.discard(conn)
+            conn.lagging = False
             self.congested_links.discard(conn)
+        hop = conn.vnhop
+        if hop is not None:
+            self.judge_lag(hop)
+        elif congested:
+            self.congested_links.add(conn)
+        if conn.lagging and congested:
+            assert hop is not None
+            link_log.info(
+                "link %s-%s over send_buffer_limit; its VN %s has replicas to spare: not "
+                "waited for (the others carry the same publications)",
+                self.config.id,
+                conn.peer_id,
+                hop.peer_id,
+            )
+        self.hold_for_links(before)
+
+    def judge_lag(self, hop: VNHop) -> None:
+        """Whether the links over their limit to ``hop``'s replicas may lag: while those
+        replicas and the ones not linked at all are at most f, the others carry what is
+        queued to them."""
+        group = [c for c in self.over_limit if c.vnhop is hop]
+        behind = len(group) + max(0, hop.size - len(hop.members))
+        lagging = behind <= (hop.size - 1) // 2
+        for member in group:
+            member.lagging = lagging
+            if lagging:
+                self.congested_links.discard(member)
+            else:
+                self.congested_links.add(member)
+
+    def rejudge_lag(self, hop: VNHop) -> None:
+        """A replica of ``hop`` linked or unlinked: those lagging may lag no longer."""
+        if self.over_limit:
+            before = bool(self.congested_links)
+            self.judge_lag(hop)
+            self.hold_for_links(before)
+
+    def hold_for_links(self, before: bool) -> None:
+        """Hold or release the local clients if waiting for links started or ended."""
         after = bool(self.congested_links)
         if before != after:
             for client in list(self.clients.values()):
@@ -1287,6 +1350,24 @@ class Broker:
                     client.hold("congestion")
                 else:
                     client.release("congestion")
+
+    def close_lagging(self, conn: Connection) -> None:
+        """A lagging replica's link is over ``lag_limit``: closed (it is re-dialled; what
+        was queued to it is lost to it alone, its VN's other replicas had it too)."""
+        conn.lagging = False  # (closing flushes it once more)
+        self.stats.lagging_links_closed += 1
+        link_log.warning(
+            "link %s-%s closed: %d bytes queued to it (over %d, %d x send_buffer_limit) while "
+            "the other replicas of its VN kept up",
+            self.config.id,
+            conn.peer_id,
+            conn.transport.get_write_buffer_size() if conn.transport is not None else 0,
+            self.lag_limit,
+            LAG_FACTOR,
+        )
+        conn.fail(ProtocolError("lagging replica: more than its VN's siblings queued to it"))
+        if conn.transport is not None:
+            conn.transport.abort()
 
     def freeze(self, hood: set[str]) -> int:
         """Stop reading from local clients and from links outside ``hood`` (TCP holds the
@@ -1436,7 +1517,7 @@ class Broker:
         if conn not in self.connections:
             return
         self.connections.discard(conn)
-        if conn in self.congested_links:  # the clients it held back are read again
+        if conn in self.over_limit:  # the clients it held back are read again
             self.link_congested(conn, False)
         if conn.peer_id is not None:
             if conn.is_broker and self.links.get(conn.peer_id) is conn:
@@ -1460,6 +1541,7 @@ class Broker:
                 self.execute(self.router.remove_hop(session))
         elif hop.members.get(conn.peer_id or "") is conn:
             del hop.members[conn.peer_id or ""]
+            self.rejudge_lag(hop)
             if not hop.members:
                 # The whole neighbouring VN is gone: withdraw what was learned through it.
                 hop.forget()

@@ -15,6 +15,8 @@ equivocating one splits each pass twice, a colluding one sends every blob to rep
 * ``replay``: routes every publication, then routes again the one it routed
   ``REPLAY_DISTANCE`` publications earlier (old copies, sent anew).
 * ``reorder``: routes publications in swapped pairs (the second before the first).
+* ``stall``: stops reading its links from a VN once a publication came over them, but
+  keeps them alive (it PINGs them): its upstream neighbours' links to it fill and stay open.
 * ``collude``: the seed's attack; sends every sub-share to replica 0 of the next VN and
   records every share it sees in ``collude_log`` (so tests can try to rebuild a key). The
   records are written by a thread, never on the event loop.
@@ -312,6 +314,32 @@ class _ColludingShares(SecureForwarding):
         super().share_arrived(publisher, epoch, raw, sender)
 
 
+class _StallingForwarder(Forwarder):
+    """Stops reading its links from a VN once a publication came over them, yet keeps
+    them alive (PINGs, as during a freeze): what is sent to it piles up on the other side,
+    whose link stays open and over its limit."""
+
+    def route(
+        self,
+        source: Hop,
+        publisher: str,
+        seq: int,
+        attrs: Mapping[str, Value],
+        payload: bytes,
+        sec: SecBlock | None = None,
+        *,
+        sender: str | None = None,
+        digest: int | None = None,
+    ) -> None:
+        if isinstance(source, VNHop):
+            for conn in source.members.values():
+                broker = getattr(conn, "broker", None)
+                if broker is not None and conn not in broker.paused:
+                    conn.hold("stalled")  # type: ignore[attr-defined]
+                    broker.paused.append(conn)
+        super().route(source, publisher, seq, attrs, payload, sec, sender=sender, digest=digest)
+
+
 _FORWARDERS: dict[str | None, type[Forwarder]] = {
     "drop": _DroppingForwarder,
     "corrupt": _CorruptingForwarder,
@@ -319,6 +347,7 @@ _FORWARDERS: dict[str | None, type[Forwarder]] = {
     "delay": _DelayingForwarder,
     "replay": _ReplayingForwarder,
     "reorder": _ReorderingForwarder,
+    "stall": _StallingForwarder,
 }
 _SHARES: dict[str | None, type[SecureForwarding]] = {
     "drop": _DroppingShares,

@@ -49,6 +49,7 @@ class BrokerStats:
     shares_forwarded: int = 0
     shares_delivered: int = 0
     bad_shares: int = 0
+    lagging_links_closed: int = 0  # a replica's link over LAG_FACTOR x send_buffer_limit
     shares_over_budget: int = 0  # dropped: their sender had max_waiting_share_bytes waiting
     blamed: dict[str, int] = field(default_factory=dict)
     # (culprit, fault) -> copies of publications blamed on an upstream replica
