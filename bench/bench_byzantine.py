@@ -7,7 +7,8 @@ against a subscriber on every replica of the last VN: 50 plain publications at 5
 configurations put one replica of every VN in each fault mode with r = 3 (so the fault sits
 at the publisher's edge, in the middle and at the subscriber's edge at once), and two of
 five per VN with r = 5 (f = 2), in three mixed pairs and in each mode twice (two replicas
-altering alike send identical bad copies, still fewer than f + 1). Every run's deliveries
+altering alike send identical bad copies, still fewer than f + 1), and one replica of every
+VN that stops reading its links (``stall``). Every run's deliveries
 are compared with what was published: altered, lost, duplicated and reordered publications
 are counted.
 Not a test:
@@ -34,6 +35,7 @@ from tests.system.test_byzantine_delivery import MODES, bad_replicas
 
 CONFIGS: list[tuple[str, int, list[str]]] = [
     *((mode, 3, [mode]) for mode in MODES),
+    ("stall", 3, ["stall"]),  # reads nothing of its links once a publication came
     ("r5: corrupt+replay", 5, ["corrupt", "replay"]),
     ("r5: equivocate+delay", 5, ["equivocate", "delay"]),
     ("r5: drop+reorder", 5, ["drop", "reorder"]),
