@@ -1451,6 +1451,10 @@ class Broker:
         to it."""
         return len(self.marking)
 
+    def marks_progress(self) -> int:
+        """Bytes read so far of the streams that owe a mark."""
+        return sum(conn.decoder.consumed for conn in self.marking)
+
     def hold_unmarked(self) -> None:
         """Stop reading the streams whose mark did not come in time, where they are."""
         owed, self.marking = self.marking, set()

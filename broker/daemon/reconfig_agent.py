@@ -248,6 +248,10 @@ class Neighbourhood(Protocol):
         """Streams (publishers, links from outside) asked for a mark and not yet read up
         to it."""
 
+    def marks_progress(self) -> int:
+        """Bytes read so far of the streams that owe a mark (it grows while they are read
+        toward it)."""
+
     def hold_unmarked(self) -> None:
         """Stop reading the streams whose mark did not come, where they are."""
 
@@ -1214,6 +1218,17 @@ class ReconfigAgent:
         # the old tables, so it must be on the old links before the drain markers.
         patience = min(_MARK_PATIENCE, self.settings.step_timeout / 3)
         marked = await self._until(lambda: not h.marks_owed(), patience)
+        # A stream still being read toward its mark (a backlog ahead of it on a busy
+        # machine) is waited for a while longer: frozen where it is, this replica would
+        # switch at another point of it than its siblings.
+        waited, read = patience, h.marks_progress()
+        while not marked and waited < self.settings.step_timeout * 2 / 3:
+            marked = await self._until(lambda: not h.marks_owed(), patience / 4)
+            waited += patience / 4
+            progress = h.marks_progress()
+            if progress == read:
+                break
+            read = progress
         ended = self._ended(pending)
         if ended is not None:
             return ended  # undone meanwhile: holding streams now would hold them for good
@@ -1225,7 +1240,7 @@ class ReconfigAgent:
                 pending.round,
                 owed,
                 asked,
-                patience,
+                waited,
             )
             h.hold_unmarked()
             asked -= owed
