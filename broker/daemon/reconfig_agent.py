@@ -1220,9 +1220,12 @@ class ReconfigAgent:
         marked = await self._until(lambda: not h.marks_owed(), patience)
         # A stream still being read toward its mark (a backlog ahead of it on a busy
         # machine) is waited for a while longer: frozen where it is, this replica would
-        # switch at another point of it than its siblings.
+        # switch at another point of it than its siblings. Not past what leaves the round
+        # time to install within its lease (the coordinator goes back then anyway).
+        settings = self.settings
+        longest = min(settings.step_timeout * 2 / 3, settings.lock_lease * (1 - _INSTALL_MARGIN))
         waited, read = patience, h.marks_progress()
-        while not marked and waited < self.settings.step_timeout * 2 / 3:
+        while not marked and waited < longest:
             marked = await self._until(lambda: not h.marks_owed(), patience / 4)
             waited += patience / 4
             progress = h.marks_progress()
