@@ -802,6 +802,8 @@ class Client:
         self.max_backoff = max_backoff
         self.queue_size = queue_size
         self.max_frame = DEFAULT_MAX_FRAME
+        # What a FORWARD of this client's publication adds to its PUBLISH (its id).
+        self._forward_room = forward_growth(self.client_id)
         self.broker_id: str | None = None
         self._count_replicas(len(self.endpoints))
         # Several endpoints of a plain broker (WELCOME says vn_size 1) are alternatives:
@@ -1178,7 +1180,7 @@ class Client:
         it too, with the same error; here it is refused before it is numbered). Its
         attributes are measured only when they could matter: the usual publication is far
         below the limit, and this runs for every one."""
-        limit = self.max_frame - forward_growth(self.client_id)
+        limit = self.max_frame - self._forward_room
         if confidential:
             limit -= _SEC_ROOM
         size = len(payload) + _FRAME_OVERHEAD

@@ -663,6 +663,12 @@ class ReconfigAgent:
         except (OSError, TrellisError, TimeoutError, asyncio.IncompleteReadError) as exc:
             return Reply(False, f"{channel.peer}: {exc or type(exc).__name__}")
 
+    def _forget_markers(self, round_id: str) -> None:
+        """What arrived for ``round_id`` in markers: the markers and tables in parts."""
+        self.markers.forget(round_id)
+        self._vouch_parts.forget(round_id)
+        self._install_parts.forget(round_id)
+
     def _table_parts(self, held: Mapping[str, Any], sent: Mapping[str, Any]) -> list[TablePart]:
         """A VN's tables in parts that fit half a frame (one part, mostly)."""
         return split_tables(held, sent, self.hood.max_frame // 2)
@@ -1187,9 +1193,7 @@ class ReconfigAgent:
         if isinstance(pending, Reply):
             log.warning("round %s: %s", step.round, pending.error)
             return pending
-        self.markers.forget(step.round)
-        self._vouch_parts.forget(step.round)
-        self._install_parts.forget(step.round)
+        self._forget_markers(step.round)
         h.accept_standby(pending.added)
         h.record_routes(True)
         h.expect_marks(step.round, pending.hood)
@@ -1459,9 +1463,7 @@ class ReconfigAgent:
         h.flush()
         if pending.added or pending.removed:
             self.start_window()
-        self.markers.forget(pending.round)
-        self._vouch_parts.forget(pending.round)
-        self._install_parts.forget(pending.round)
+        self._forget_markers(pending.round)
         self._vouched.pop(pending.round, None)
         self._release()
 
@@ -1490,9 +1492,7 @@ class ReconfigAgent:
         h.unfreeze()  # frozen, or holding a publisher at an early mark
         h.announce_links()
         h.flush()
-        self.markers.forget(round_id)
-        self._vouch_parts.forget(round_id)
-        self._install_parts.forget(round_id)
+        self._forget_markers(round_id)
         self._vouched.pop(round_id, None)
         self._release()
         if pending.drained:
