@@ -97,17 +97,19 @@ import contextlib
 import logging
 import random
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from broker.daemon.config import NeighbourConfig, ReconfigConfig
 from broker.daemon.hops import Hop
 from broker.daemon.links import sibling_agreement, sibling_tables
+from broker.errors import PayloadTooLarge
 from broker.language.filters import Filter
 from broker.routing.router import LinkTables, Owned, hood_routing
 from broker.wire.protocol import (
+    DEFAULT_MAX_FRAME,
     HEADER_SIZE,
     PROTOCOL_VERSION,
     Hello,
@@ -141,7 +143,13 @@ from reconfig.live import (
     vouch_quorum,
 )
 from reconfig.ocbr import OcbrPlan, TabuParams, plan_view
-from reconfig.table_parts import PartsInProgress, TablesError, split_tables
+from reconfig.table_parts import (
+    MAX_PARTS,
+    PartsInProgress,
+    TablesError,
+    merge_tables,
+    split_tables,
+)
 from reconfig.table_parts import Tables as TablePart
 from security.ca import Identity
 from security.errors import InvalidRequest, ProtocolError, TrellisError
@@ -287,6 +295,27 @@ class Neighbourhood(Protocol):
         """Traffic counters for ``/reconfig``: routed, forwarded, published, delivered."""
 
 
+MIN_ASKED_FRAME = 4096
+"""The smallest frame a sibling asking for tables in parts may say it reads (a smaller one
+would only make more parts)."""
+
+ANSWERS_IN_PARTS = 16
+"""Askers whose tables in parts a broker keeps a snapshot for (the oldest goes first)."""
+
+
+class _TablesSnapshot(NamedTuple):
+    """Routing tables as one ``neighbours`` answer took them, in parts for one asker."""
+
+    neighbours: tuple[str, ...]
+    digest: str
+    parts: list[TablePart]
+
+
+CONTROL_INBOX = 16
+"""Frames besides heartbeats a control connection keeps unread; past it the member is
+flooding it (it answers each request once, and requests go one at a time)."""
+
+
 class ControlChannel:
     """A coordinator's control connection to one member broker: request, then reply.
 
@@ -296,20 +325,34 @@ class ControlChannel:
     member then closed the channel, the round's ``abort`` never reached it and it stayed
     locked until its lease ended. So one reader runs for the channel's whole life,
     answering PINGs at once and handing everything else to :meth:`request`.
+
+    What the member sends is bounded like any peer's: a frame over ``max_frame`` ends the
+    channel (:class:`~broker.errors.PayloadTooLarge`) before a byte of it is buffered, and
+    so do more than :data:`CONTROL_INBOX` frames nobody asked for (a member answers each
+    request once). The request fails with that error; callers take it as an unreachable
+    member.
     """
 
     def __init__(
-        self, me: str, peer: str, endpoint: str, tls: Mapping[str, Any] | None = None
+        self,
+        me: str,
+        peer: str,
+        endpoint: str,
+        tls: Mapping[str, Any] | None = None,
+        max_frame: int = DEFAULT_MAX_FRAME,
     ) -> None:
         self.me = me
         self.peer = peer
         self.endpoint = endpoint
         self.tls = dict(tls or {})
+        self.max_frame = max_frame
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
-        # What the member sent besides heartbeats, or why reading it ended (kept there).
-        self._inbox: asyncio.Queue[Message | BaseException] = asyncio.Queue()
+        # What the member sent besides heartbeats, or why reading it ended (kept there:
+        # one slot beyond the bound is left for that).
+        self._inbox: asyncio.Queue[Message | BaseException] = asyncio.Queue(CONTROL_INBOX + 1)
         self._pump: asyncio.Task[None] | None = None
+        self._ended: BaseException | None = None
 
     async def open(self, timeout: float) -> None:
         host, _, port = self.endpoint.rpartition(":")
@@ -338,6 +381,8 @@ class ControlChannel:
         """Send one ``RECONF`` request and wait for its reply."""
         assert self.writer is not None
         if self.writer.is_closing():
+            if isinstance(self._ended, TrellisError):
+                raise self._ended  # (what the member sent that ended the channel)
             # The member died or reset the connection (uvloop raises RuntimeError on a
             # write to it): an unreachable member, as the round's error handling expects.
             raise ConnectionResetError(f"control connection to {self.peer} is closed")
@@ -362,15 +407,29 @@ class ControlChannel:
                     with contextlib.suppress(RuntimeError):
                         self.writer.write(encode(Pong(msg.token)))
                 elif type(msg) is not Pong:
+                    if self._inbox.qsize() >= CONTROL_INBOX:
+                        raise ProtocolError(
+                            f"broker {self.peer} sent more than {CONTROL_INBOX} frames "
+                            "nobody asked for on a control connection"
+                        )
                     self._inbox.put_nowait(msg)
         except (OSError, TrellisError, asyncio.IncompleteReadError) as exc:
-            self._inbox.put_nowait(exc)
+            self._ended = exc
+            self._inbox.put_nowait(exc)  # (the slot kept for it)
+            self.writer.close()
 
     async def _read(self) -> Message:
         assert self.reader is not None
         header = await self.reader.readexactly(HEADER_SIZE)
-        body = await self.reader.readexactly(int.from_bytes(header, "big"))
-        return decode_body(body)
+        length = int.from_bytes(header, "big")
+        if length > self.max_frame:
+            raise PayloadTooLarge(
+                f"broker {self.peer} sent a control frame of {length} bytes, over the "
+                f"limit of {self.max_frame} bytes",
+                size=length,
+                limit=self.max_frame,
+            )
+        return decode_body(await self.reader.readexactly(length))
 
     async def close(self) -> None:
         if self._pump is not None:
@@ -404,6 +463,8 @@ class ReconfigAgent:
         # installs (per coordinator), each per round.
         self._vouch_parts = PartsInProgress()
         self._install_parts = PartsInProgress()
+        # Tables a sibling asks for in parts: the snapshot each asker reads (ANSWERS_IN_PARTS).
+        self._answers_in_parts: OrderedDict[str, _TablesSnapshot] = OrderedDict()
         self.coordinating: str | None = None
         self.stats = RoundStats()
         self.history: deque[dict[str, Any]] = deque(maxlen=200)
@@ -498,9 +559,7 @@ class ReconfigAgent:
         members = sorted(p for p, n in h.directory.items() if n.vn_id in hood)
         step_timeout = self.settings.step_timeout
         for peer in members:
-            channels.append(
-                ControlChannel(h.broker_id, peer, h.directory[peer].endpoint, h.link_tls())
-            )
+            channels.append(self._channel(peer, h.directory[peer].endpoint))
         opened = await asyncio.gather(
             *(c.open(step_timeout) for c in channels), return_exceptions=True
         )
@@ -694,7 +753,7 @@ class ReconfigAgent:
         h = self.hood
         siblings = [n for n in h.directory.values() if n.vn_id == h.vn and n.replica < h.replica]
         for sibling in siblings:
-            channel = ControlChannel(h.broker_id, sibling.id, sibling.endpoint, h.link_tls())
+            channel = self._channel(sibling.id, sibling.endpoint)
             try:
                 await channel.open(0.5)
             except (OSError, TrellisError, TimeoutError, asyncio.IncompleteReadError):
@@ -777,7 +836,12 @@ class ReconfigAgent:
                         )
                     reply = await self.request_move(parse_move(data))
                 elif op == "neighbours":
-                    reply = self.neighbours_answer(with_tables=data.get("tables") is True)
+                    reply = self.neighbours_answer(
+                        with_tables=data.get("tables") is True,
+                        asker=sender,
+                        part=data.get("part", 0),
+                        frame=data.get("frame"),
+                    )
                 elif op == "install" and "parts" in data:
                     reply = await self._install_part(sender, data)
                 else:
@@ -824,25 +888,60 @@ class ReconfigAgent:
         kept = {h.linked_vn(p) for p in h.directory}
         return frozenset(vn for vn in kept if vn is not None) - frozenset(h.standby())
 
-    def neighbours_answer(self, with_tables: bool = False) -> Reply:
+    def neighbours_answer(
+        self, with_tables: bool = False, asker: str = "", part: object = 0, frame: object = None
+    ) -> Reply:
         """A sibling replica's question: which neighbour VNs this broker keeps (and, with
         ``with_tables``, its routing tables for them). Not during a round (from its lock
-        on), whose outcome is not known yet."""
+        on), whose outcome is not known yet.
+
+        Tables that do not fit half the asker's frame (``frame``, at most this broker's
+        own) come in parts (:func:`reconfig.table_parts.split_tables`): part 0 takes a
+        snapshot and says how many parts and their digest, and the asker asks for each
+        other part of that snapshot in turn (one snapshot kept per asker)."""
         lease = self.member.lease
         if lease is not None or self.member.pending is not None:
             where = f"round {lease.round}" if lease is not None else "a round"
             return Reply(False, f"{self.hood.broker_id}: busy with {where}")
+        if with_tables and part != 0:
+            return self._tables_part(asker, part)
         kept = self.kept_vns()
-        tables = None
-        if with_tables:
-            held: dict[str, Any] = {}
-            sent: dict[str, Any] = {}
-            for vn, ((adverts, subs), forwarded) in self.hood.link_tables().items():
-                if vn in kept:
-                    held[vn] = {"adv": _wire(adverts), "sub": _wire(subs)}
-                    sent[vn] = _wire(forwarded)
-            tables = {"held": held, "sent": sent}
-        return Reply(True, neighbours=tuple(sorted(kept)), tables=tables)
+        neighbours = tuple(sorted(kept))
+        if not with_tables:
+            return Reply(True, neighbours=neighbours)
+        held: dict[str, Any] = {}
+        sent: dict[str, Any] = {}
+        for vn, ((adverts, subs), forwarded) in self.hood.link_tables().items():
+            if vn in kept:
+                held[vn] = {"adv": _wire(adverts), "sub": _wire(subs)}
+                sent[vn] = _wire(forwarded)
+        limit = self.hood.max_frame
+        if type(frame) is int and MIN_ASKED_FRAME <= frame < limit:
+            limit = frame
+        parts = split_tables(held, sent, limit // 2)
+        if len(parts) == 1:
+            return Reply(True, neighbours=neighbours, tables={"held": held, "sent": sent})
+        snapshot = _TablesSnapshot(neighbours, tables_digest("", held, sent), parts)
+        self._answers_in_parts[asker] = snapshot
+        self._answers_in_parts.move_to_end(asker)
+        while len(self._answers_in_parts) > ANSWERS_IN_PARTS:
+            self._answers_in_parts.popitem(last=False)
+        return self._tables_part(asker, 0)
+
+    def _tables_part(self, asker: str, part: object) -> Reply:
+        snapshot = self._answers_in_parts.get(asker)
+        if snapshot is None or type(part) is not int or not 0 <= part < len(snapshot.parts):
+            return Reply(
+                False,
+                f"{self.hood.broker_id}: no part {part!r} of tables for {asker!r} "
+                "(ask for part 0 first)",
+            )
+        held, sent = snapshot.parts[part]
+        if part == len(snapshot.parts) - 1:
+            del self._answers_in_parts[asker]
+        tables = {"held": held, "sent": sent, "part": part, "parts": len(snapshot.parts)}
+        tables["digest"] = snapshot.digest
+        return Reply(True, neighbours=snapshot.neighbours, tables=tables)
 
     async def adopt_siblings_links(self, timeout: float, patience: float) -> frozenset[str] | None:
         """At start, take the neighbour VNs f + 1 siblings (the other replicas of this VN)
@@ -1045,18 +1144,69 @@ class ReconfigAgent:
     async def _ask_neighbours(
         self, sibling: NeighbourConfig, timeout: float, tables: bool = False
     ) -> Reply | None:
-        """A sibling's answer to ``neighbours`` (with its tables if ``tables``; a refusal
-        while it is busy with a round), or None if it does not answer within ``timeout``."""
+        """A sibling's answer to ``neighbours`` (with its tables if ``tables``, put together
+        when they come in parts; a refusal while it is busy with a round), or None if it
+        does not answer within ``timeout`` (per request) or its parts do not fit together."""
         h = self.hood
-        channel = ControlChannel(h.broker_id, sibling.id, sibling.endpoint, h.link_tls())
+        channel = self._channel(sibling.id, sibling.endpoint)
         try:
             await channel.open(timeout)
-            return await channel.request("neighbours", {"tables": tables}, timeout)
+            asked = {"tables": tables, "frame": h.max_frame}
+            reply = await channel.request("neighbours", asked, timeout)
+            if not (tables and reply.ok and reply.tables and "parts" in reply.tables):
+                return reply
+            return await self._rest_of_tables(channel, reply, timeout)
         except (OSError, TrellisError, TimeoutError, asyncio.IncompleteReadError) as exc:
             log.info("sibling %s did not answer: %s", sibling.id, exc or type(exc).__name__)
             return None
         finally:
             await channel.close()
+
+    async def _rest_of_tables(
+        self, channel: ControlChannel, first: Reply, timeout: float
+    ) -> Reply | None:
+        """The tables whose part 0 is ``first``: every other part of the same snapshot,
+        merged and checked against the digest part 0 gave."""
+        assert first.tables is not None
+        parts, digest = first.tables.get("parts"), first.tables.get("digest")
+        received = [(first.tables["held"], first.tables["sent"])]
+        problem = None
+        count = parts if type(parts) is int and 1 < parts <= MAX_PARTS else 0
+        if not count or type(digest) is not str:
+            problem = f"{parts!r} parts is not a count of parts (at most {MAX_PARTS})"
+            count = 0
+        for part in range(1, count):
+            asked = {"tables": True, "frame": self.hood.max_frame, "part": part}
+            reply = await channel.request("neighbours", asked, timeout)
+            got = reply.tables or {}
+            if not reply.ok or reply.neighbours != first.neighbours or got.get("part") != part:
+                problem = f"part {part}: {reply.error or 'another answer'}"
+                break
+            if got.get("parts") != parts or got.get("digest") != digest:
+                problem = f"part {part} is of other tables"
+                break
+            received.append((got["held"], got["sent"]))
+        if problem is None:
+            try:
+                held, sent = merge_tables(received)
+            except TablesError as exc:
+                problem = str(exc)
+            else:
+                if tables_digest("", held, sent) == digest:
+                    log.info("sibling %s sent its tables in %d parts", channel.peer, count)
+                    return Reply(
+                        True, neighbours=first.neighbours, tables={"held": held, "sent": sent}
+                    )
+                problem = "the parts do not match their digest"
+        log.warning(
+            "sibling %s sent its tables in parts that do not fit: %s", channel.peer, problem
+        )
+        return None
+
+    def _channel(self, peer: str, endpoint: str) -> ControlChannel:
+        """A control connection to ``peer`` that reads frames up to this broker's limit."""
+        h = self.hood
+        return ControlChannel(h.broker_id, peer, endpoint, h.link_tls(), h.max_frame)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)

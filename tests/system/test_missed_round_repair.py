@@ -13,12 +13,15 @@ them keep; every subscriber still gets every publication exactly once, in order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import re
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from broker.client import Client
 from broker.tools.local import LocalOverlay, fetch_json
 from overlay.tree import line_tree
 from tests.system.test_byzantine_coordinator import (
@@ -30,6 +33,9 @@ from tests.system.test_byzantine_coordinator import (
 )
 
 pytestmark = pytest.mark.slow
+
+FRAME = 16 * 1024
+PADDING = 600
 
 
 def reconfig_of(overlay: LocalOverlay, broker: str) -> dict[str, Any]:
@@ -60,9 +66,14 @@ def assert_delivered_once_in_order(overlay: LocalOverlay, stream: Stream) -> Non
     assert health["b2.2"]["deliveries"] <= stream.published, health["b2.2"]
 
 
+@pytest.mark.parametrize("padding", [0, PADDING], ids=["small-tables", "tables-in-parts"])
 async def test_a_replica_that_went_back_on_a_round_takes_its_siblings_links_and_tables(
-    run_overlay: Callable[..., LocalOverlay],
+    run_overlay: Callable[..., LocalOverlay], padding: int
 ) -> None:
+    """With ``padding`` further subscriptions at b3 and a small ``max_frame``, b2's tables
+    outweigh a frame: the siblings answer b2.2 in parts (a control connection reads no frame
+    over its broker's limit)."""
+    frame = {"max_frame": FRAME} if padding else {}
     overlay = run_overlay(
         line_tree(["b0", "b1", "b2", "b3"]),
         replicas={"b0": 3, "b1": 3, "b2": 3},
@@ -77,13 +88,24 @@ async def test_a_replica_that_went_back_on_a_round_takes_its_siblings_links_and_
         },
         heartbeat_interval=1.0,
         reconfig=RECONFIG,
+        **frame,
     )
     stream = Stream()
 
     def repaired() -> bool:
         return bool(reconfig_of(overlay, "b2.2")["repaired"])
 
-    await stream_until(overlay, stream, repaired, timeout=40)
+    async with (
+        Client(overlay.endpoints("b0"), client_id="pad-pub") as pad_pub,
+        Client(overlay.endpoints("b3"), client_id="padding") as padder,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        if padding:
+            await pad_pub.advertise("class = 'pad'")  # the padding is routed toward b0
+        for i in range(padding):
+            filter_text = f"class = 'pad' and tag = 'subscription number {i:05d}'"
+            await stack.enter_async_context(padder.subscribe(filter_text))
+        await stream_until(overlay, stream, repaired, timeout=40)
     # b2.2 refused the install: its coordinator says the round took only in part, and where
     # it did not (the round is not counted as applied).
     rounds = [r for b in ("b0.0", "b1.0") for r in rounds_of(overlay, b)]
@@ -108,3 +130,9 @@ async def test_a_replica_that_went_back_on_a_round_takes_its_siblings_links_and_
         views = await asyncio.to_thread(b2_views, overlay)
     assert len(set(views.values())) == 1, views
     assert "b0" in views["b2.2"][0], views  # the round linked b0 - b2; b2.2 took it
+    if padding:
+        for name in overlay.brokers:
+            log = (overlay.workdir / f"{name}.log").read_text(encoding="utf-8")
+            assert "too_large" not in log, name
+        b22 = (overlay.workdir / "b2.2.log").read_text(encoding="utf-8")
+        assert re.search(r"sibling b2\.[01] sent its tables in \d+ parts", b22), b22[-3000:]
