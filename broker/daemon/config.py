@@ -30,6 +30,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
+from broker.daemon.hops import VOTE_BUDGET
 from broker.errors import TrellisError
 from broker.wire.protocol import DEFAULT_MAX_FRAME
 from overlay.manifest import Manifest
@@ -242,6 +243,14 @@ class BrokerConfig(BaseModel):
         "undecided (fewer than f + 1 identical copies yet), over all publishers; past it its "
         "new copies are refused and it is blamed as flooding: lone copies for publishers "
         "nobody else sends are never decided, so without it they held memory without bound",
+    )
+    max_vote_bytes_per_source: int = Field(
+        VOTE_BUDGET,
+        ge=1024 * 1024,
+        description="bytes of routing entries (key and filter) one replica of a neighbour "
+        "VN may have announced here that no majority of its VN sent yet; past it its new "
+        "ones are refused with limit_exceeded: an entry no majority sends is never applied, "
+        "so without it a replica announcing new ones without end held memory without bound",
     )
     copy_patience: float = Field(
         1.0,

@@ -52,7 +52,7 @@ from typing import Any, cast
 from broker.daemon import membership
 from broker.daemon.config import BrokerConfig, NeighbourConfig, vn_of
 from broker.daemon.faults import build_forwarding
-from broker.daemon.hops import Hop, VNHop
+from broker.daemon.hops import Entry, Hop, VNHop
 from broker.daemon.links import LinkStates, load_saved_links, save_links
 from broker.daemon.reconfig_agent import MARK, MARK_ASK, Tables
 from broker.daemon.reconfig_faults import reconfig_agent
@@ -113,6 +113,9 @@ from security.errors import InvalidRequest, NotAuthorized, ProtocolError, Trelli
 from security.tls import describe_tls_error
 from security.topics_credentials import Credentials
 from security.topics_identity import load_trusted_tdns
+
+VOTE_LIMIT = "max_vote_bytes_per_source"
+"""The limit a neighbour replica's routing entries waiting for its VN's majority are under."""
 
 log = logging.getLogger("trellis.broker")
 proto_log = logging.getLogger("trellis.protocol")
@@ -728,10 +731,21 @@ class Connection(asyncio.Protocol):
         apply: Callable[[VNHop, str, Filter], Actions],
     ) -> None:
         """Count this replica's vote for a routing entry; apply it at the VN's majority."""
-        assert self.peer_id is not None
-        if hop.vote(self.peer_id, (kind, key, flt)):
+        if self.vote(hop, (kind, key, flt)):
             self.broker.execute(apply(hop, key, flt))
         self.broker.waves.recheck()
+
+    def vote(self, hop: VNHop, entry: Entry) -> bool:
+        """``hop.vote`` for this replica; a vote past its allowance of entries that wait for
+        the VN's majority is refused with ``limit_exceeded`` (the link stays)."""
+        assert self.peer_id is not None
+        try:
+            return hop.vote(self.peer_id, entry)
+        except LimitExceeded as exc:
+            stats = self.broker.stats.over_limit
+            stats[VOTE_LIMIT] = stats.get(VOTE_LIMIT, 0) + 1
+            self.reject(0, exc)
+            return False
 
     def vote_to_remove(
         self, hop: VNHop, kind: str, key: str, known: bool, apply: Callable[[VNHop, str], Actions]
@@ -746,7 +760,7 @@ class Connection(asyncio.Protocol):
             message, what = _REMOVALS[kind]
             self.reject(0, UnknownState(f"{message} of unknown {what} '{key}'"))
             return
-        if hop.vote(self.peer_id, (removal, key)) and known:
+        if self.vote(hop, (removal, key)) and known:
             if kind == "adv":
                 self.remove_behind_publications(hop, key, apply)
             else:
@@ -912,7 +926,9 @@ class Broker:
         """The router hop of ``neighbour``'s VN (made on first use)."""
         hop = self.vnhops.get(neighbour.vn_id)
         if hop is None:
-            hop = self.vnhops[neighbour.vn_id] = VNHop(neighbour.vn_id, neighbour.vn_size)
+            hop = self.vnhops[neighbour.vn_id] = VNHop(
+                neighbour.vn_id, neighbour.vn_size, self.config.max_vote_bytes_per_source
+            )
         return hop
 
     # -- what live reconfiguration and the admin endpoint see (narrow protocols) ----------

@@ -10,13 +10,31 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Collection
-from typing import Protocol
+from typing import Protocol, cast
 
-from broker.wire.protocol import Message
+from broker.errors import LimitExceeded
+from broker.language.filters import Filter
+from broker.wire.protocol import Message, encode_filter
 
 Entry = tuple[object, ...]
 """A routing entry a neighbouring VN's replica announces: ``(kind, key, filter)`` adds it,
 ``("un" + kind, key)`` removes it (kind ``adv`` or ``sub``)."""
+
+VOTE_BUDGET = 64 << 20
+"""Bytes of routing entries one replica of a neighbour VN may have announced here without a
+majority of its VN agreeing yet (a broker's ``max_vote_bytes_per_source``)."""
+
+VOTE_OVERHEAD = 256
+"""Bytes an entry waiting for its majority is charged beyond its key and filter."""
+
+
+def entry_cost(entry: Entry) -> int:
+    """What one entry waiting for its VN's majority is charged: its key and its filter as
+    encoded (as ``max_filter_bytes_per_client`` counts a client's)."""
+    cost = VOTE_OVERHEAD + len(str(entry[1]))
+    if len(entry) > 2:
+        cost += len(encode_filter(cast(Filter, entry[2])))
+    return cost
 
 
 class Hop(Protocol):
@@ -70,6 +88,13 @@ class VNHop:
     Messages to it go to every replica whose link is up. Routing messages from it take
     effect only once a majority of its replicas sent the same entry, so a Byzantine
     minority can neither inject nor withdraw routing state.
+
+    An entry no majority sends is never applied, and used to be kept for good: a Byzantine
+    replica announcing new entries without end (or an honest one whose clients connect to
+    it alone) grew its neighbours' memory without bound. Each replica's entries that lack
+    the majority are charged to it (:func:`entry_cost`); past ``vote_budget`` bytes its
+    new ones are refused (:class:`~broker.errors.LimitExceeded`), and what the majority
+    takes up, or the replica withdraws, frees its allowance.
     """
 
     is_broker = True
@@ -77,10 +102,13 @@ class VNHop:
     # Links between brokers never drop: a congested link pauses the broker's clients.
     congested = False
 
-    def __init__(self, vn: str, size: int) -> None:
+    def __init__(self, vn: str, size: int, vote_budget: int = VOTE_BUDGET) -> None:
         self.peer_id = vn
         self.size = size
         self.quorum = size // 2 + 1
+        self.vote_budget = vote_budget
+        # member -> bytes of its latest words that lack the quorum (see entry_cost)
+        self._pending_bytes: dict[str, int] = {}
         self.members: dict[str, Member] = {}
         # entry -> the members whose latest word it is; (kind, key) -> those entries;
         # (kind without "un", key) -> member -> its latest word (see vote()).
@@ -122,17 +150,34 @@ class VNHop:
         Only a member's latest word counts (it replaces what the member said before about
         the same kind and key): a replica whose client advertised and left at once may
         send both before another replica's advertisement arrives, and its removal must
-        still count once that advertisement is in force."""
+        still count once that advertisement is in force.
+
+        Raises:
+            LimitExceeded: ``entry`` would wait for the quorum, and the member's words
+                that wait already take ``vote_budget`` (nothing is recorded).
+        """
         if self._allowed is not None and member not in self._allowed:
             return False  # a replica that left the VN: its link stays open a while
         kind, key = entry[0], entry[1]
         assert isinstance(kind, str)
         assert isinstance(key, str)
         base = kind[2:] if kind.startswith("un") else kind
-        said = self._said.setdefault((base, key), {})
-        before = said.get(member)
+        said = self._said.get((base, key))
+        before = said.get(member) if said is not None else None
         if before == entry:
             return False
+        if len(self._votes.get(entry, ())) + 1 < self.quorum:
+            charged = self._pending_bytes.get(member, 0)
+            if before is not None and before in self._unsettled.get(member, ()):
+                charged -= entry_cost(before)  # (replaced: a withdrawal frees its addition)
+            if charged + entry_cost(entry) > self.vote_budget:
+                raise LimitExceeded(
+                    f"routing entries of {member} that no majority of VN {self.peer_id} "
+                    f"sent yet take more than max_vote_bytes_per_source = "
+                    f"{self.vote_budget} bytes here; {kind} {key!r} refused"
+                )
+        if said is None:
+            said = self._said[(base, key)] = {}
         if before is not None:
             self._drop_voter(before, member)
             self._settle(member, before)
@@ -145,6 +190,7 @@ class VNHop:
         if len(voters) < self.quorum:
             self._unsettled.setdefault(member, set()).add(entry)
             self._fresh.setdefault(member, set()).add(entry)
+            self._pending_bytes[member] = self._pending_bytes.get(member, 0) + entry_cost(entry)
         elif len(voters) == self.quorum:
             for voter in voters:
                 self._settle(voter, entry)
@@ -172,7 +218,7 @@ class VNHop:
                 self._drop_voter(said.pop(member), member)
             if not said:
                 del self._said[group]
-        for table in (self._unsettled, self._fresh):
+        for table in (self._unsettled, self._fresh, self._pending_bytes):
             for member in [m for m in table if m not in allowed]:
                 del table[member]
 
@@ -189,7 +235,18 @@ class VNHop:
         pending = self._unsettled.get(member)
         return pending is not None and not pending.isdisjoint(entries)
 
+    def pending_bytes(self, member: str) -> int:
+        """Bytes ``member``'s words that lack the quorum are charged."""
+        return self._pending_bytes.get(member, 0)
+
     def _settle(self, member: str, entry: Entry) -> None:
+        unsettled = self._unsettled.get(member)
+        if unsettled is not None and entry in unsettled:
+            left = self._pending_bytes[member] - entry_cost(entry)
+            if left > 0:
+                self._pending_bytes[member] = left
+            else:
+                del self._pending_bytes[member]
         for table in (self._unsettled, self._fresh):
             pending = table.get(member)
             if pending is not None:
@@ -213,6 +270,7 @@ class VNHop:
         self._said.clear()
         self._unsettled.clear()
         self._fresh.clear()
+        self._pending_bytes.clear()
 
     def _drop_voter(self, entry: Entry, member: str) -> None:
         voters = self._votes.get(entry)

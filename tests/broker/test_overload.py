@@ -27,6 +27,7 @@ import pytest
 
 from broker.client import Client
 from broker.errors import LimitExceeded, TrellisError
+from broker.language.grammar import parse_filter
 from broker.tools.launcher import BrokerProcess
 from broker.tools.local import fetch_json, fetch_text
 from broker.wire.protocol import PROTOCOL_VERSION, Deliver, Error, MsgType, Pong, Role
@@ -215,6 +216,52 @@ async def test_a_replica_sending_lone_copies_for_ever_new_publishers_fills_only_
         flooding = metric(text, "trellis_copy_blame_total", culprit="x.0", fault="flooding")
         assert flooding == 1
         assert peak - before < 48 * 1024, (before, peak)  # KiB: not the 128 MiB sent
+        assert len(served) >= 20, len(served)
+    finally:
+        await peer.close()
+        witness.close()
+
+
+@pytest.mark.slow
+async def test_a_replica_announcing_entries_no_majority_sends_fills_only_its_budget(
+    run_broker: Callable[..., BrokerProcess],
+) -> None:
+    """A routing entry from a replicated neighbour VN takes effect once a majority of its
+    replicas sent it; one only a Byzantine replica sends is never applied, and was kept for
+    good. Past ``max_vote_bytes_per_source`` the replica's new entries are refused with
+    ``limit_exceeded`` (its link stays), the broker's memory stays bounded and a client is
+    served meanwhile."""
+    vn_x = [
+        {"id": f"x.{i}", "endpoint": "127.0.0.1:9", "vn": "x", "replica": i, "vn_size": 3}
+        for i in range(3)
+    ]
+    broker = run_broker(
+        "zz-votes", admin_port=0, neighbours=vn_x, max_vote_bytes_per_source=4 << 20
+    )
+    witness = Witness(broker.host, broker.port)
+    watch = MemoryWatch([broker.pid])
+    peer = await RawPeer.connect(f"{broker.host}:{broker.port}")
+    try:
+        await peer.send(MsgType.HELLO, PROTOCOL_VERSION, "broker", "x.0", {})
+        value = "t" * 1000
+        for n in range(4000):  # 128 MiB of filters no other replica of x announces
+            text = " and ".join(f"a{i} = '{value}'" for i in range(32))
+            flt = parse_filter(f"n = {n} and {text}")
+            await peer.send(MsgType.SUBSCRIBE, 0, f"x/c{n}/s", flt.to_wire())
+        await peer.send(MsgType.PING, 9)
+        refused = 0
+        while not isinstance(reply := await peer.receive(timeout=60), Pong):
+            if isinstance(reply, Error):
+                assert reply.code == "limit_exceeded", reply
+                assert "max_vote_bytes_per_source" in reply.message, reply
+                refused += 1
+        served = round_trips(witness, 100, seconds=3.0)
+        before, peak, _ = watch.finish()[broker.pid]
+        text = fetch_text(f"http://{broker.host}:{broker.admin_port}/metrics")
+        over = metric(text, "trellis_requests_over_limit_total", limit="max_vote_bytes_per_source")
+        assert over == refused, (over, refused)
+        assert peak - before < 48 * 1024, (before, peak)  # KiB: not the 128 MiB sent
+        assert 3800 < refused < 4000, refused  # about 125 fit in 4 MiB
         assert len(served) >= 20, len(served)
     finally:
         await peer.close()

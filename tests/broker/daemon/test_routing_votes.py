@@ -13,13 +13,16 @@ announced has its VN's majority (:mod:`broker.daemon.waves`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.daemon.hops import VNHop
+from broker.daemon.hops import VNHop, entry_cost
 from broker.daemon.waves import RoutingWaves
+from broker.errors import LimitExceeded
 from broker.language.grammar import parse_filter
 from broker.wire.protocol import Sync
 
@@ -214,3 +217,59 @@ def test_replicas_that_left_the_vn_cannot_make_up_a_majority_of_the_smaller_one(
     assert not hop.vote("b0.4", REMOVE)  # its link may still be open: ignored
     assert not hop.vote("b0.0", REMOVE)  # one of the three left: not a majority
     assert hop.vote("b0.1", REMOVE)
+
+
+def test_entries_no_majority_sends_are_bounded_per_replica_and_freed_when_taken_up() -> None:
+    """A replica announcing entries its siblings never send (a Byzantine one, without end)
+    is refused past its allowance; the others' votes still count, an entry the majority
+    takes up frees the bytes it was charged, and so does a withdrawal."""
+    budget = 20 * entry_cost(("sub", "b0/c/s00000", FLT))
+    hop = VNHop("b0", 3, vote_budget=budget)
+    keys = [f"b0/c/s{i:05d}" for i in range(40)]
+    for key in keys[:20]:
+        hop.vote("b0.2", ("sub", key, FLT))
+    for key in keys[20:30]:
+        with pytest.raises(LimitExceeded, match="max_vote_bytes_per_source"):
+            hop.vote("b0.2", ("sub", key, FLT))
+        assert not hop.has_votes("sub", key)  # nothing recorded
+    assert hop.pending_bytes("b0.2") <= budget
+    # the other replicas are not charged for b0.2's words
+    assert not hop.vote("b0.0", ADD)
+    assert hop.vote("b0.1", ADD)
+    # the majority takes one of b0.2's entries up: its bytes are free again
+    assert hop.vote("b0.0", ("sub", keys[0], FLT))
+    hop.vote("b0.2", ("sub", keys[30], FLT))
+    with pytest.raises(LimitExceeded):
+        hop.vote("b0.2", ("sub", keys[31], FLT))
+    # at its allowance, a withdrawal still counts: it replaces the addition it withdraws
+    full = hop.pending_bytes("b0.2")
+    assert not hop.vote("b0.2", ("unsub", keys[1]))
+    assert not hop.has_votes("sub", keys[1])
+    assert hop.pending_bytes("b0.2") < full
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["b0.0", "b0.1", "b0.2"]),
+            st.sampled_from(["sub", "unsub"]),
+            st.integers(0, 6),
+        ),
+        max_size=60,
+    )
+)
+def test_the_bytes_charged_are_those_of_the_words_that_lack_the_majority(
+    words: list[tuple[str, str, int]],
+) -> None:
+    hop = VNHop("b0", 3, vote_budget=8 * entry_cost(("sub", "b0/c/s0", FLT)))
+    for member, kind, n in words:
+        entry: tuple[object, ...] = (
+            (kind, f"b0/c/s{n}", FLT) if kind == "sub" else (kind, f"b0/c/s{n}")
+        )
+        with contextlib.suppress(LimitExceeded):
+            hop.vote(member, entry)
+        for voter in ("b0.0", "b0.1", "b0.2"):
+            waiting = hop._unsettled.get(voter, set())
+            assert hop.pending_bytes(voter) == sum(entry_cost(e) for e in waiting)
+            assert hop.pending_bytes(voter) <= hop.vote_budget
