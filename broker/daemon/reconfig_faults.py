@@ -135,18 +135,21 @@ class MistablingAgent(ReconfigAgent):
     def _vouch(self, pending: Pending, tables: WireTables) -> None:
         super()._vouch(pending, self.propose_tables(tables))
 
-    async def _call(self, channel: ControlChannel, step: Step) -> Reply:
+    async def _install_on(self, channel: ControlChannel, step: Install) -> Reply:
         # One member of another VN never hears install or resume (left frozen and drained),
-        # the next one never hears resume (left frozen, installed).
-        if step.op == "install":
-            pending = self.member.pending
-            hood = pending.hood - {self.hood.vn} if pending is not None else set()
-            members = sorted(p for p, n in self.hood.directory.items() if n.vn_id in hood)
-            self._left_out = members[-1] if members else ""
-            self._unresumed = members[-2] if len(members) > 1 else ""
-        if step.op in ("install", "resume") and channel.peer == self._left_out:
+        # the next one never hears resume (left frozen, installed). (Here, not in _call:
+        # tables in parts are installed by requests of their own.)
+        pending = self.member.pending
+        hood = pending.hood - {self.hood.vn} if pending is not None else set()
+        members = sorted(p for p, n in self.hood.directory.items() if n.vn_id in hood)
+        self._left_out = members[-1] if members else ""
+        self._unresumed = members[-2] if len(members) > 1 else ""
+        if channel.peer == self._left_out:
             return OK
-        if step.op == "resume" and channel.peer == self._unresumed:
+        return await super()._install_on(channel, step)
+
+    async def _call(self, channel: ControlChannel, step: Step) -> Reply:
+        if step.op == "resume" and channel.peer in (self._left_out, self._unresumed):
             return OK
         return await super()._call(channel, step)
 

@@ -22,6 +22,7 @@ including those published while the rounds ran.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -42,7 +43,7 @@ RECONFIG = {"enabled": True, "interval": 0.3, "jitter": 0.3, "min_traffic": 15}
 MEMBER_ONLY = {**RECONFIG, "interval": 1000.0}
 
 
-def start(run_overlay: Callable[..., LocalOverlay], mode: str) -> LocalOverlay:
+def start(run_overlay: Callable[..., LocalOverlay], mode: str, **settings: Any) -> LocalOverlay:
     return run_overlay(
         line_tree(["b0", "b1", "b2", "b3"]),
         replicas={"b0": 3, "b1": 3, "b2": 3},
@@ -52,6 +53,7 @@ def start(run_overlay: Callable[..., LocalOverlay], mode: str) -> LocalOverlay:
         },
         heartbeat_interval=1.0,
         reconfig=RECONFIG,
+        **settings,
     )
 
 
@@ -209,10 +211,13 @@ async def test_a_coordinator_proposing_wrong_plans_is_refused_and_traffic_contin
     assert_exactly_once_in_order(overlay, stream)
 
 
+@pytest.mark.parametrize("padding", [0, 600], ids=["small-tables", "tables-in-parts"])
 async def test_wrong_or_withheld_tables_from_the_coordinator_are_not_what_members_install(
-    run_overlay: Callable[..., LocalOverlay],
+    run_overlay: Callable[..., LocalOverlay], padding: int
 ) -> None:
-    overlay = start(run_overlay, "mistable")
+    """With ``padding`` further subscriptions at b3 and a small ``max_frame``, the wrong
+    tables travel in parts (and are withheld from b2.2 all the same)."""
+    overlay = start(run_overlay, "mistable", **({"max_frame": 16 * 1024} if padding else {}))
     stream = Stream()
 
     def applied_everywhere() -> bool:
@@ -220,7 +225,20 @@ async def test_wrong_or_withheld_tables_from_the_coordinator_are_not_what_member
         info = fetch_json(overlay.brokers["b2.2"].admin_url + "/reconfig")
         return applied and info["locked_by"] is None  # b2.2's lease has ended
 
-    await stream_until(overlay, stream, applied_everywhere, timeout=40)
+    async with (
+        Client(overlay.endpoints("b0"), client_id="pad-pub") as pad_pub,
+        Client(overlay.endpoints("b3"), client_id="padding") as padder,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        if padding:
+            await pad_pub.advertise("class = 'pad'")  # the padding is routed toward b0
+        for i in range(padding):
+            filter_text = f"class = 'pad' and tag = 'subscription number {i:05d}'"
+            await stack.enter_async_context(padder.subscribe(filter_text))
+        await stream_until(overlay, stream, applied_everywhere, timeout=40)
+    # b2.2 never heard install: it took the tables b1's replicas vouched for
+    b22 = (overlay.workdir / "b2.2.log").read_text(encoding="utf-8")
+    assert "no install from master b1" in b22, b22[-3000:]
     assert await asyncio.to_thread(applied_everywhere)
     moved = await asyncio.to_thread(overlay.live_tree)
     assert ("b0", "b2") in moved.links
