@@ -163,9 +163,16 @@ WireTables = dict[str, tuple[dict[str, Any], dict[str, Any]]]
 # Marker waves: 1 and 2 drain the old links and carry the plan's digest; 3 is a master
 # replica's vouch for one neighbour VN's new tables; 4 asks a broker outside the
 # neighbourhood for a mark in what it sends this VN, and 5 is that mark (Broker.freeze).
+DRAIN = 1
 VOUCH = 3
 MARK_ASK = 4
 MARK = 5
+
+MAX_ROUND_ID = 1024
+"""Characters of a round's name in a marker (``broker id#serial``; ids are far shorter)."""
+
+DIGEST_LENGTH = 64
+"""Characters of a plan's or tables' digest (SHA-256 in hex) in a marker."""
 
 # Seconds between asking a sibling busy with a round for its neighbours again.
 _ASK_AGAIN = 0.2
@@ -1215,10 +1222,19 @@ class ReconfigAgent:
 
     def marker(self, sender: str, data: Mapping[str, Any]) -> None:
         """An in-band drain marker on a broker link."""
-        wave = data.get("wave")
-        if type(wave) is not int:
-            raise ProtocolError("RECONF marker field 'wave' must be an integer")
-        round_id, digest = str(data.get("round")), str(data.get("digest", ""))
+        wave, round_id, digest = data.get("wave"), data.get("round"), data.get("digest", "")
+        if type(wave) is not int or not DRAIN <= wave <= MARK:
+            raise ProtocolError(f"RECONF marker field 'wave' must be {DRAIN} to {MARK}")
+        if type(round_id) is not str or not 0 < len(round_id) <= MAX_ROUND_ID:
+            raise ProtocolError(
+                f"RECONF marker field 'round' must be a round name of 1 to {MAX_ROUND_ID} "
+                "characters"
+            )
+        if type(digest) is not str or len(digest) > DIGEST_LENGTH:
+            raise ProtocolError(
+                f"RECONF marker field 'digest' must be a digest of at most {DIGEST_LENGTH} "
+                "characters"
+            )
         if wave == MARK_ASK:
             self.hood.link_mark_asked(sender, round_id)
             return

@@ -356,3 +356,42 @@ async def test_a_frame_trickled_a_byte_at_a_time_is_cut_off_and_others_are_serve
         await peer.close()
     async with Client(broker.endpoint) as client:  # the broker still serves others
         await client.advertise("class = 'x'")
+
+
+@pytest.mark.parametrize(
+    ("marker", "fragment"),
+    [
+        ({"round": "b9#1", "wave": 7, "digest": ""}, "field 'wave' must be 1 to 5"),
+        ({"round": "b9#1", "wave": 1, "digest": "d" * 100_000}, "at most 64 characters"),
+        ({"round": ["b9#1"] * 10_000, "wave": 1}, "field 'round' must be a round name"),
+        ({"round": "r" * 100_000, "wave": 2, "digest": ""}, "field 'round' must be a round name"),
+    ],
+    ids=["wave", "digest", "round-type", "round-length"],
+)
+async def test_a_drain_marker_out_of_shape_closes_that_link_only(
+    run_broker: Callable[..., BrokerProcess], marker: dict[str, object], fragment: str
+) -> None:
+    """Markers are kept per (round, wave, sender) for a sender's latest rounds: any wave
+    number or a digest of any length kept as much as the frame held, per marker."""
+    broker = run_broker(
+        "b1",
+        neighbours=[{"id": "b9", "endpoint": "127.0.0.1:9", "vn": "b9"}],
+        reconfig={"enabled": True, "interval": 1000},
+    )
+    witness = Witness(broker.endpoint)
+    await witness.start()
+    try:
+        peer = await RawPeer.connect(broker.endpoint)
+        await peer.send(MsgType.HELLO, PROTOCOL_VERSION, "broker", "b9", {})
+        assert isinstance(await peer.receive(), Welcome)
+        await peer.send(MsgType.RECONF, "marker", marker)
+        msg = await peer.receive()
+        while not isinstance(msg, Error):  # (routing waves and the like come first)
+            msg = await peer.receive()
+        assert msg.code == "protocol", msg
+        assert fragment in msg.message, msg.message
+        assert await peer.closed_by_broker()
+        await peer.close()
+        await witness.check_still_served()
+    finally:
+        await witness.stop()
