@@ -58,6 +58,7 @@ from broker.wire.protocol import (
     MAX_ATTR_NAME,
     MAX_ID_LENGTH,
     MAX_STRING_VALUE,
+    MAX_VN_SIZE,
     PROTOCOL_VERSION,
     REPLICAS_OPTION,
     RESUMED_OPTION,
@@ -81,6 +82,7 @@ from broker.wire.protocol import (
     Unadvertise,
     Unsubscribe,
     Welcome,
+    copy_weight,
     encode,
     encode_filter,
     forward_growth,
@@ -175,7 +177,7 @@ class Delivery:
 
 
 def _delivery_bytes(delivery: Delivery) -> int:
-    return len(delivery.payload) + COPY_OVERHEAD
+    return copy_weight(delivery.payload, delivery.attrs, delivery.sec) + COPY_OVERHEAD
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
@@ -1492,6 +1494,10 @@ class Client:
             replica = int(options.get("replica", index))
             vn_size = int(options.get("vn_size", len(self.endpoints)))
             max_frame = int(options.get("max_frame", DEFAULT_MAX_FRAME))
+            if replica < 0 or not 1 <= vn_size <= MAX_VN_SIZE:
+                raise ValueError(f"replica {replica} of {vn_size} (at most {MAX_VN_SIZE})")
+            if max_frame < 1:
+                raise ValueError(f"max_frame {max_frame}")
             link.resumed = _parse_resumed(options.get(RESUMED_OPTION))
         except (TypeError, ValueError) as exc:
             link.close()

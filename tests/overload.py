@@ -31,6 +31,7 @@ from broker.wire.protocol import (
     Ping,
     Pong,
     Publish,
+    Reconf,
     Role,
     Subscribe,
     Welcome,
@@ -63,19 +64,26 @@ def hello(
 
 class Unread:
     """A client that sends requests and never reads a reply: one PUBLISH again and again,
-    each answered with an ERROR several times its size (a repeated seq)."""
+    each answered with an ERROR several times its size (a repeated seq). Or, with
+    ``control``, a broker's control connection asking ``neighbours`` again and again."""
 
-    def __init__(self, host: str, port: int, client_id: str) -> None:
+    def __init__(self, host: str, port: int, client_id: str, control: bool = False) -> None:
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         self.sock.settimeout(2.0)
         self.sock.connect((host, port))
-        self.sock.sendall(encode(Hello(PROTOCOL_VERSION, Role.CLIENT, client_id, {})))
+        role, options = (Role.BROKER, {"control": True}) if control else (Role.CLIENT, {})
+        self.sock.sendall(encode(Hello(PROTOCOL_VERSION, role, client_id, options)))
+        self.request = (
+            encode(Reconf("neighbours", {}))
+            if control
+            else encode(Publish(1, 1, {"class": "unread"}, b""))
+        )
 
     def flood(self, requests: int) -> int:
-        """Send up to ``requests`` PUBLISHes, until the broker stops reading them (a send
+        """Send up to ``requests`` requests, until the broker stops reading them (a send
         blocked for 2 s); how many were sent, about."""
-        chunk = encode(Publish(1, 1, {"class": "unread"}, b"")) * 1000
+        chunk = self.request * 1000
         sent = 0
         with contextlib.suppress(OSError):  # (socket.timeout: the broker reads no more)
             while sent < requests:

@@ -32,7 +32,7 @@ from pydantic_core import ErrorDetails
 
 from broker.daemon.hops import VOTE_BUDGET
 from broker.errors import TrellisError
-from broker.wire.protocol import DEFAULT_MAX_FRAME
+from broker.wire.protocol import DEFAULT_MAX_FRAME, MAX_VN_SIZE
 from overlay.manifest import Manifest
 from security.agreement import COPY_BUDGET
 from security.envelope import private_key_from_bytes
@@ -71,7 +71,7 @@ class NeighbourConfig(BaseModel):
     endpoint: Endpoint
     vn: str | None = Field(None, description="its virtual node (default: its own id)")
     replica: int = Field(0, ge=0, description="its index among its VN's replicas")
-    vn_size: int = Field(1, ge=1, le=64, description="number of replicas of its VN")
+    vn_size: int = Field(1, ge=1, le=MAX_VN_SIZE, description="number of replicas of its VN")
 
     @model_validator(mode="after")
     def _replica_in_vn(self) -> NeighbourConfig:
@@ -316,7 +316,9 @@ class BrokerConfig(BaseModel):
     covering: bool = Field(True, description="suppress forwarding of covered subscriptions")
     vn: str | None = Field(None, description="this broker's virtual node (default: its id)")
     replica: int = Field(0, ge=0, description="this broker's index among its VN's replicas")
-    vn_size: int = Field(1, ge=1, le=64, description="number of replicas of this broker's VN")
+    vn_size: int = Field(
+        1, ge=1, le=MAX_VN_SIZE, description="number of replicas of this broker's VN"
+    )
     byzantine: Literal[ByzantineMode, "none"] = Field(
         "none", description="fault injection for tests and demos: misbehave as named"
     )

@@ -400,7 +400,10 @@ class Connection(asyncio.Protocol):
         if self.is_broker:
             self.broker.link_congested(self, True)
         elif self.control:
-            return
+            # A coordinator reads every answer at once; one that does not would have them
+            # queued without bound (an answer may weigh half a frame): not read until it
+            # drains, and closed past lag_limit (see flush).
+            self.hold(NOT_READING)
         elif self.broker.config.slow_consumer == "disconnect":
             # Not from inside the write that filled the buffer: the broker may be routing.
             asyncio.get_running_loop().call_soon(self.close_slow_consumer)
@@ -409,6 +412,19 @@ class Connection(asyncio.Protocol):
             # client that sends requests and never reads the replies would have them queued
             # without bound. So it is not read either until it drains (TCP holds the rest).
             self.hold(NOT_READING)
+
+    def close_unread_control(self) -> None:
+        """A control connection whose answers are not read, ``lag_limit`` of them queued:
+        closed, what is queued dropped (its requests were read before it stopped)."""
+        proto_log.warning(
+            "closing %r: more than %d bytes of answers queued to a control connection that "
+            "does not read them",
+            self,
+            self.broker.lag_limit,
+        )
+        if self.transport is not None:
+            self.transport.abort()
+        self.close()
 
     def close_slow_consumer(self) -> None:
         """``slow_consumer = "disconnect"``: close a client whose send buffer is full with
@@ -516,8 +532,13 @@ class Connection(asyncio.Protocol):
                 # task was flushing (the heartbeat's close: the whole broker).
                 log.debug("%r: write after the connection was lost", self)
                 return
-            if self.lagging and transport.get_write_buffer_size() > self.broker.lag_limit:
-                self.broker.close_lagging(self)
+            if (self.lagging or self.control) and (
+                transport.get_write_buffer_size() > self.broker.lag_limit
+            ):
+                if self.control:
+                    self.close_unread_control()
+                else:
+                    self.broker.close_lagging(self)
 
     def fail(self, exc: Exception, rid: int = 0) -> None:
         """Report ``exc`` in an ERROR frame and close this connection only."""

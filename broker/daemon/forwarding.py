@@ -57,7 +57,7 @@ from broker.daemon.stats import BrokerStats
 from broker.daemon.traffic_log import TrafficLog
 from broker.language.filters import Value
 from broker.routing.router import Router
-from broker.wire.protocol import Forward, Publish, encode_deliver, encode_forward
+from broker.wire.protocol import Forward, Publish, copy_weight, encode_deliver, encode_forward
 from security.agreement import (
     COPY_BUDGET,
     COPY_OVERHEAD,
@@ -94,7 +94,7 @@ ROUTE_RECORD_LIMIT = 4096
 
 
 def _copy_bytes(msg: Forward) -> int:
-    return len(msg.payload) + COPY_OVERHEAD
+    return copy_weight(msg.payload, msg.attrs, msg.sec) + COPY_OVERHEAD
 
 
 class RoutedPublication(NamedTuple):

@@ -54,7 +54,7 @@ overlay-wide keys (``origin-broker/client/id``) in place of the client's ids.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from math import isfinite
@@ -122,6 +122,9 @@ def unroutable(name: str, size: int, limit: int) -> PayloadTooLarge:
         limit=limit,
     )
 
+
+MAX_VN_SIZE = 64
+"""Replicas one VN may have (a broker's ``vn_size``; what a WELCOME may announce)."""
 
 MAX_ATTRS = 128
 MAX_ATTR_NAME = 256
@@ -624,6 +627,20 @@ def _options(name: str, value: object) -> dict[str, Any]:
     if not isinstance(value, dict) or not all(type(k) is str for k in value):
         raise InvalidRequest(f"{name} field 'options' must be a map with string keys")
     return value
+
+
+def copy_weight(payload: bytes, attrs: Mapping[str, Value], sec: SecBlock | None) -> int:
+    """About what one copy of a publication weighs as read (payload, attribute names and
+    string values, security block): what a copy waiting for agreement is charged to its
+    sender. The payload alone let a copy carry most of a frame in attributes for free."""
+    weight = len(payload)
+    for key, value in attrs.items():
+        weight += len(key) + (len(value) if type(value) is str else 8)
+    if sec is not None:
+        weight += len(sec.pk) + len(sec.sig) + len(sec.vn) + len(sec.share or b"") + 16
+        if sec.seal is not None:
+            weight += 32 * len(sec.seal[2]) + 16
+    return weight
 
 
 def validate_attrs(name: str, value: object) -> dict[str, Value]:

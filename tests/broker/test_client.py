@@ -99,6 +99,41 @@ async def test_a_welcome_with_a_malformed_resumed_session_is_refused_and_says_wh
 
 
 @pytest.mark.parametrize(
+    ("options", "reason"),
+    [
+        ({"vn": "v", "replica": 0, "vn_size": 1_000_000}, "replica 0 of 1000000"),
+        ({"vn": "v", "replica": -1, "vn_size": 3}, "replica -1 of 3"),
+        ({"vn": "v", "replica": 0, "vn_size": 0}, "replica 0 of 0"),
+        ({"vn": "v", "replica": 0, "vn_size": 3, "max_frame": 0}, "max_frame 0"),
+    ],
+    ids=["huge-vn", "negative-replica", "empty-vn", "no-frame"],
+)
+async def test_a_welcome_announcing_an_impossible_vn_is_refused_and_says_why(
+    options: dict[str, object], reason: str
+) -> None:
+    """A WELCOME's ``vn_size`` sizes what the client sets up for the edge VN (the replicas
+    it dials, from the same WELCOME): a million was taken as it came."""
+
+    async def welcome(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(4096)  # the HELLO
+        writer.write(encode(Welcome(PROTOCOL_VERSION, "b0", options)))
+        await writer.drain()
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(welcome, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = Client(f"127.0.0.1:{port}", connect_timeout=1)
+    try:
+        with pytest.raises(TrellisError, match=rf"invalid WELCOME .*{reason}"):
+            await client.connect()
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize(
     ("endpoint", "reason"),
     [("127.0.0.1:{free}", "connection refused"), ("no-such-host.invalid:7700", "unknown host")],
 )

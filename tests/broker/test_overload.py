@@ -186,14 +186,48 @@ async def test_a_client_that_never_reads_its_replies_is_not_read_either(
 
 
 @pytest.mark.slow
-async def test_a_replica_sending_lone_copies_for_ever_new_publishers_fills_only_its_budget(
+async def test_a_control_connection_that_never_reads_its_answers_is_not_read_either(
     run_broker: Callable[..., BrokerProcess],
+) -> None:
+    """A control connection (a round's coordinator, a sibling asking for its neighbours)
+    gets one answer per request. One that asked and never read the answers had them queued
+    without bound; past ``send_buffer_limit`` it is no longer read (TCP holds the rest),
+    and past four times that it is closed, so the broker's memory does not grow with the
+    requests and a client is served meanwhile."""
+    broker = run_broker(
+        "zz-control",
+        admin_port=0,
+        send_buffer_limit=64 * 1024,
+        peers=[{"id": "b9", "endpoint": "127.0.0.1:9", "vn": "b9"}],
+        reconfig={"enabled": True, "interval": 1000},
+    )
+    witness = Witness(broker.host, broker.port)
+    watch = MemoryWatch([broker.pid])
+    unread = Unread(broker.host, broker.port, "b9", control=True)
+    try:
+        sent = await asyncio.to_thread(unread.flood, 1_000_000)
+        served = round_trips(witness, 200, seconds=3.0)
+        before, peak, _ = watch.finish()[broker.pid]
+        assert sent < 1_000_000, sent  # its writes blocked: the broker stopped reading it
+        assert peak - before < 24 * 1024, (before, peak)  # KiB
+        assert len(served) >= 20, len(served)
+    finally:
+        unread.close()
+        witness.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("weight_in", ["payload", "attributes"])
+async def test_a_replica_sending_lone_copies_for_ever_new_publishers_fills_only_its_budget(
+    run_broker: Callable[..., BrokerProcess], weight_in: str
 ) -> None:
     """A copy waits for ``f + 1`` identical ones; a lone copy for a publisher no other
     replica sends is never decided. A Byzantine replica sending one for a new publisher in
     every frame held memory without bound (each stream bounds its undecided copies by
     count, not the streams together): past ``max_copy_bytes_per_source`` its new copies
-    are refused and it is blamed once as flooding, and a client is served meanwhile."""
+    are refused and it is blamed once as flooding, and a client is served meanwhile. A copy
+    is charged its attributes too (it was charged its payload alone: 64 KiB of attributes
+    came for 256 bytes)."""
     vn_x = [
         {"id": f"x.{i}", "endpoint": "127.0.0.1:9", "vn": "x", "replica": i, "vn_size": 3}
         for i in range(3)
@@ -204,9 +238,12 @@ async def test_a_replica_sending_lone_copies_for_ever_new_publishers_fills_only_
     peer = await RawPeer.connect(f"{broker.host}:{broker.port}")
     try:
         await peer.send(MsgType.HELLO, PROTOCOL_VERSION, "broker", "x.0", {})
-        payload = bytes(64 * 1024)
+        payload = bytes(64 * 1024) if weight_in == "payload" else b""
+        attrs: dict[str, object] = {"class": "lone"}
+        if weight_in == "attributes":
+            attrs.update({f"a{i}": "v" * 4096 for i in range(16)})
         for n in range(2000):  # 128 MiB of lone copies
-            await peer.send(MsgType.FORWARD, f"ghost-{n}", 1, {"class": "lone"}, payload, None)
+            await peer.send(MsgType.FORWARD, f"ghost-{n}", 1, attrs, payload, None)
         await peer.send(MsgType.PING, 9)
         while not isinstance(await peer.receive(timeout=30), Pong):
             pass
