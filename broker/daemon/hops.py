@@ -24,6 +24,12 @@ VOTE_BUDGET = 64 << 20
 """Bytes of routing entries one replica of a neighbour VN may have announced here without a
 majority of its VN agreeing yet (a broker's ``max_vote_bytes_per_source``)."""
 
+WITHDRAWN_MEMORY = 1 << 16
+"""Entries a majority of a neighbour VN withdrew whose replicas' words a broker keeps until
+the rest of the VN withdraws them too (to recognise their late removals); past it the
+oldest are let go. A replica that is down never withdraws: every entry its VN's clients
+made and withdrew meanwhile was kept for good."""
+
 VOTE_OVERHEAD = 256
 """Bytes an entry waiting for its majority is charged beyond its key and filter."""
 
@@ -102,13 +108,22 @@ class VNHop:
     # Links between brokers never drop: a congested link pauses the broker's clients.
     congested = False
 
-    def __init__(self, vn: str, size: int, vote_budget: int = VOTE_BUDGET) -> None:
+    def __init__(
+        self,
+        vn: str,
+        size: int,
+        vote_budget: int = VOTE_BUDGET,
+        withdrawn_memory: int = WITHDRAWN_MEMORY,
+    ) -> None:
         self.peer_id = vn
         self.size = size
         self.quorum = size // 2 + 1
         self.vote_budget = vote_budget
         # member -> bytes of its latest words that lack the quorum (see entry_cost)
         self._pending_bytes: dict[str, int] = {}
+        # (kind, key) a majority withdrew while some replica has not (WITHDRAWN_MEMORY)
+        self.withdrawn_memory = withdrawn_memory
+        self._withdrawn: OrderedDict[tuple[str, str], None] = OrderedDict()
         self.members: dict[str, Member] = {}
         # entry -> the members whose latest word it is; (kind, key) -> those entries;
         # (kind without "un", key) -> member -> its latest word (see vote()).
@@ -194,14 +209,34 @@ class VNHop:
         elif len(voters) == self.quorum:
             for voter in voters:
                 self._settle(voter, entry)
-        if kind != base and len(voters) >= self.size:
+        group = (base, key)
+        if kind == base:
+            self._withdrawn.pop(group, None)  # announced again: not a withdrawn entry
+        elif len(voters) >= self.size:
             # Every replica removed it: no late word is left to recognise.
+            self._withdrawn.pop(group, None)
             self._drop_entry(entry)
             for voter in voters:
                 said.pop(voter, None)
             if not said:
-                del self._said[(base, key)]
+                del self._said[group]
+        elif len(voters) == self.quorum:
+            self._note_withdrawn(group)
         return len(voters) == self.quorum
+
+    def _note_withdrawn(self, group: tuple[str, str]) -> None:
+        """A majority withdrew ``group``: its words are kept for the rest of the VN's late
+        removals, for the latest ``withdrawn_memory`` withdrawals."""
+        withdrawn = self._withdrawn
+        withdrawn[group] = None
+        while len(withdrawn) > self.withdrawn_memory:
+            base, key = withdrawn.popitem(last=False)[0]
+            self._said.pop((base, key), None)
+            for kind in (base, "un" + base):
+                for entry in self._entries.get((kind, key), set()).copy():
+                    for voter in self._votes.get(entry, ()):
+                        self._settle(voter, entry)
+                    self._drop_entry(entry)
 
     def resize(self, members: Collection[str]) -> None:
         """The VN's replicas are now ``members`` (a live attach or detach): the majority is
@@ -271,6 +306,7 @@ class VNHop:
         self._unsettled.clear()
         self._fresh.clear()
         self._pending_bytes.clear()
+        self._withdrawn.clear()
 
     def _drop_voter(self, entry: Entry, member: str) -> None:
         voters = self._votes.get(entry)

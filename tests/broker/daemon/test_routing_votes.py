@@ -262,7 +262,7 @@ def test_entries_no_majority_sends_are_bounded_per_replica_and_freed_when_taken_
 def test_the_bytes_charged_are_those_of_the_words_that_lack_the_majority(
     words: list[tuple[str, str, int]],
 ) -> None:
-    hop = VNHop("b0", 3, vote_budget=8 * entry_cost(("sub", "b0/c/s0", FLT)))
+    hop = VNHop("b0", 3, vote_budget=8 * entry_cost(("sub", "b0/c/s0", FLT)), withdrawn_memory=2)
     for member, kind, n in words:
         entry: tuple[object, ...] = (
             (kind, f"b0/c/s{n}", FLT) if kind == "sub" else (kind, f"b0/c/s{n}")
@@ -273,3 +273,31 @@ def test_the_bytes_charged_are_those_of_the_words_that_lack_the_majority(
             waiting = hop._unsettled.get(voter, set())
             assert hop.pending_bytes(voter) == sum(entry_cost(e) for e in waiting)
             assert hop.pending_bytes(voter) <= hop.vote_budget
+
+
+def test_entries_a_majority_withdrew_while_a_replica_is_down_are_not_kept_for_good() -> None:
+    """b0.2 is down: each entry b0's clients make and withdraw is announced and withdrawn by
+    b0.0 and b0.1 only, so its words were kept for b0.2's late removal that never comes
+    (one per subscription a client ever made). The latest withdrawals are kept; an entry
+    announced again after its withdrawal is a live one, never let go."""
+    hop = VNHop("b0", 3, withdrawn_memory=16)
+    again = ("sub", "b0/c/again", FLT)
+    for member in ("b0.0", "b0.1"):
+        hop.vote(member, again)
+        hop.vote(member, ("unsub", "b0/c/again"))
+    assert hop.vote("b0.0", again) is False
+    assert hop.vote("b0.1", again) is True  # announced again: in force
+    for n in range(1000):
+        key = f"b0/c/s{n}"
+        for member in ("b0.0", "b0.1"):
+            hop.vote(member, ("sub", key, FLT))
+        for member in ("b0.0", "b0.1"):
+            hop.vote(member, ("unsub", key))
+    assert len(hop._said) <= 16 + 1, len(hop._said)
+    assert len(hop._votes) <= 16 + 1, len(hop._votes)
+    assert hop.has_quorum(again)
+    # a late removal of a withdrawal still kept is recognised
+    assert hop.has_votes("unsub", "b0/c/s999")
+    assert not hop.vote("b0.2", ("unsub", "b0/c/s999"))
+    assert not hop.has_votes("unsub", "b0/c/s999")  # every replica withdrew it
+    assert not hop.has_votes("unsub", "b0/c/s0")  # let go long ago
