@@ -125,7 +125,7 @@ class PassKeys:
             if ref in assembly.statements:
                 continue  # every replica of this VN relays the statements above
             try:
-                assembly.add_statement(parse_statement(raw, signature, ref))
+                assembly.add_statement(parse_statement(raw, signature, ref), sender)
             except PropagationError as exc:
                 log.warning("malformed pass statement from broker %s: %s", sender, exc)
         known = assembly.statements

@@ -509,6 +509,16 @@ class StatementStore(Mapping[bytes, PassStatement]):
         return statement
 
 
+HELD_BUDGET = 64 << 20
+"""Bytes of statement entries and leaves one relay may have a subscriber hold for
+publications whose key is not known yet (as a subscription's undecided copies are bounded
+per replica); counted as :data:`ENTRY_OVERHEAD` plus 32 per commitment for an entry,
+:data:`LEAF_OVERHEAD` plus its opening for a leaf."""
+
+ENTRY_OVERHEAD = 160
+LEAF_OVERHEAD = 256
+
+
 class Assembly:
     """A subscriber's statements and leaves, indexed by publication.
 
@@ -517,9 +527,25 @@ class Assembly:
     n publications costs n reconstructions, not n passes over everything. Leaves whose
     statement has not arrived yet wait for it (a relay sends a statement before the leaves
     under it, but nothing here depends on that).
+
+    What a publication some leaf came for holds until its key is known or given up (its
+    leaves, and its statements' entries from then on) is charged to the relay that brought
+    it, at most ``held_budget`` bytes per relay over all publications
+    (:data:`HELD_BUDGET`); past it that relay's further entries and leaves are dropped and
+    counted in :attr:`refused`. Entries of publications no leaf came for are bounded
+    together (:data:`UNCLAIMED_MEMORY`, :data:`UNCLAIMED_BYTES`), the oldest let go. A
+    Byzantine relay naming one publication in new forged statements, with or without leaves
+    for it, again and again, grew the subscriber without bound until 2026-11-29 (a
+    publication is let go only once its key is known or given up); honest relays hold what
+    is in flight.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, held_budget: int = HELD_BUDGET) -> None:
+        self.held_budget = held_budget
+        self._charged: dict[str, int] = {}
+        # publication -> relay -> bytes of its entries and leaves charged to that relay
+        self._charges: dict[bytes, dict[str, int]] = {}
+        self.refused: dict[str, int] = {}
         self.statements = StatementStore()
         self._entries: dict[bytes, list[tuple[PassStatement, Entry]]] = defaultdict(list)
         self._leaves: dict[bytes, list[tuple[str, PassStatement, Entry, bytes]]] = defaultdict(list)
@@ -530,10 +556,16 @@ class Assembly:
         # delivered twice (a resumed session is handed its last leaves again) counts once
         self._taken: dict[bytes, set[tuple[str, bytes, int]]] = defaultdict(set)
         # publications with entries and no leaf yet, oldest first (UNCLAIMED_MEMORY)
-        self._unclaimed: OrderedDict[bytes, None] = OrderedDict()
+        # (and the bytes of their entries: UNCLAIMED_BYTES over all of them)
+        self._unclaimed: OrderedDict[bytes, int] = OrderedDict()
+        self._unclaimed_bytes = 0
 
-    def add_statement(self, statement: PassStatement) -> None:
-        """Take a relayed statement (again: ignored)."""
+    def add_statement(self, statement: PassStatement, sender: str = "") -> None:
+        """Take a statement ``sender`` relayed (again: ignored).
+
+        An entry of a publication some leaf came for is charged to ``sender`` (refused past
+        its allowance); one of a publication without leaves yet counts toward
+        :data:`UNCLAIMED_BYTES`, past which the oldest such publications go."""
         if statement.ref in self.statements:
             return
         self.statements.add(statement)
@@ -542,13 +574,45 @@ class Assembly:
             pub_id = entry.pub_id
             if epoch_of(pub_id) is None:
                 continue  # no publication's: nothing could ever let it go
+            cost = ENTRY_OVERHEAD + _DIGEST * len(entry.commitments)
+            if pub_id in leaves:
+                if not self._charge(sender, pub_id, cost):
+                    continue
+                entries[pub_id].append((statement, entry))
+                continue
             entries[pub_id].append((statement, entry))
-            if pub_id not in leaves and pub_id not in unclaimed:
-                unclaimed[pub_id] = None
-                if len(unclaimed) > UNCLAIMED_MEMORY:
-                    entries.pop(unclaimed.popitem(last=False)[0], None)
-        for sender, batch in self.waiting.pop(statement.ref):
-            self.add_leaves(sender, batch)
+            unclaimed[pub_id] = unclaimed.get(pub_id, 0) + cost
+            self._unclaimed_bytes += cost
+            while len(unclaimed) > UNCLAIMED_MEMORY or self._unclaimed_bytes > UNCLAIMED_BYTES:
+                gone, held = unclaimed.popitem(last=False)
+                self._unclaimed_bytes -= held
+                entries.pop(gone, None)
+        for waiting_sender, batch in self.waiting.pop(statement.ref):
+            self.add_leaves(waiting_sender, batch)
+
+    def charged(self, sender: str) -> int:
+        """Bytes of entries and leaves held charged to ``sender``."""
+        return self._charged.get(sender, 0)
+
+    def _charge(self, sender: str, pub_id: bytes, cost: int) -> bool:
+        charged = self._charged.get(sender, 0) + cost
+        if charged > self.held_budget:
+            self.refused[sender] = self.refused.get(sender, 0) + 1
+            return False
+        self._charged[sender] = charged
+        by_sender = self._charges.get(pub_id)
+        if by_sender is None:
+            by_sender = self._charges[pub_id] = {}
+        by_sender[sender] = by_sender.get(sender, 0) + cost
+        return True
+
+    def _release(self, pub_id: bytes) -> None:
+        for sender, cost in self._charges.pop(pub_id, {}).items():
+            left = self._charged[sender] - cost
+            if left > 0:
+                self._charged[sender] = left
+            else:
+                del self._charged[sender]
 
     def add_leaves(self, sender: str, batch: LeafBatch) -> None:
         """Take the leaves one replica of the last VN delivered (``sender``: its id)."""
@@ -570,9 +634,9 @@ class Assembly:
                 continue
             taken = self._taken[entry.pub_id]
             mark = (sender, statement.ref, position)
-            if mark not in taken:
+            if mark not in taken and self._charge(sender, entry.pub_id, LEAF_OVERHEAD + entry.size):
                 taken.add(mark)
-                self._unclaimed.pop(entry.pub_id, None)
+                self._unclaimed_bytes -= self._unclaimed.pop(entry.pub_id, 0)
                 self._leaves[entry.pub_id].append(
                     (sender, statement, entry, blob[at : at + entry.size])
                 )
@@ -592,7 +656,8 @@ class Assembly:
         self._entries.pop(pub_id, None)
         self._leaves.pop(pub_id, None)
         self._taken.pop(pub_id, None)
-        self._unclaimed.pop(pub_id, None)
+        self._unclaimed_bytes -= self._unclaimed.pop(pub_id, 0)
+        self._release(pub_id)
 
     def reconstruct(
         self,
@@ -877,6 +942,13 @@ def _signer(path: PathView, broker: str) -> Ed25519PublicKey | None:
 
 _NONE: dict[bytes, bytes] = {}
 _WAITING_LIMIT = 4096
+"""Statements an :class:`Assembly` holds leaves for before they arrive (the oldest let go)."""
+
+
+UNCLAIMED_BYTES = 64 << 20
+"""Bytes of entries (counted as for :data:`HELD_BUDGET`) of publications no leaf came for,
+over all of them: a forged statement naming one such publication again and again adds to
+it until it is the oldest and goes (the count alone bounded publications, not entries)."""
 
 UNCLAIMED_MEMORY = 1 << 15
 """Publications a subscriber keeps statement entries of while no leaf of theirs came. A
@@ -886,7 +958,6 @@ the oldest go (until 2026-11-29 they were kept for good, a subscriber leaking th
 and the statements they hold, of every publication it shared an edge VN with and did not
 match). A publication's leaves come with its statement or a pass later, never tens of
 thousands of publications later."""
-"""Statements a subscriber keeps leaves waiting for (the oldest let go)."""
 
 LEAVES_WAITING_BUDGET = WAITING_BUDGET
 """Bytes of leaves one relay may have waiting at a subscriber for statements not seen yet:
@@ -898,6 +969,3 @@ bound)."""
 def _weigh_leaves(item: tuple[str, LeafBatch]) -> Weight:
     sender, batch = item
     return sender, None, 0, len(batch.blob) + 8 * len(batch.positions)
-
-
-"""Statements an :class:`Assembly` holds leaves for before they arrive (the oldest let go)."""

@@ -419,6 +419,51 @@ def test_a_relay_sending_leaves_under_a_statement_never_sent_fills_only_its_own_
         assert assembly.reconstruct(pub_id, world.path, complete=True) == (key, ())
 
 
+def test_a_relay_naming_one_publication_in_forged_statements_fills_only_its_own_allowance() -> None:
+    """A publication's entries and leaves are held until its key is known or given up: a
+    Byzantine relay forging statement after statement for one publication, each with a leaf
+    under it, grew the subscriber without bound (until 2026-11-29). It is charged what it
+    brought, past ``held_budget`` the rest is refused, the honest relays' keys still come,
+    and letting the publication go frees the allowance."""
+    world = World((3, 3))
+    mine = {f"pub/{n}".encode(): os.urandom(32) for n in range(3)}
+    _, statements, deliveries = _deliver(world, mine)
+    budget = 64 * 1024
+    assembly = Assembly(held_budget=budget)
+    byzantine = "v1.2"
+    forger = Signer.generate("forger")
+    target = next(iter(mine))
+    for serial in range(2000):
+        forged, blobs = split_pass(forger, "v2", serial, 3, root_holdings([(target, bytes(32))]))
+        assembly.add_statement(forged, byzantine)
+        assembly.add_leaves(byzantine, LeafBatch(forged.ref, (0,), blobs[0]))
+    assert assembly.charged(byzantine) <= budget
+    assert assembly.refused[byzantine] > 1000
+    for one in statements:
+        assembly.add_statement(one, "v1.0")
+    for sender, batch in deliveries:
+        assembly.add_leaves(sender, batch)
+    for pub_id, key in mine.items():
+        assert assembly.reconstruct(pub_id, world.path).key == key
+    assembly.forget(target)
+    assert assembly.charged(byzantine) == 0
+
+
+def test_forged_statements_naming_a_publication_no_leaf_came_for_are_bounded_together(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without leaves a publication's entries count toward ``UNCLAIMED_BYTES`` over all
+    such publications: one named again and again becomes the oldest and goes."""
+    monkeypatch.setattr(pass_shares, "UNCLAIMED_BYTES", 32 * 1024)
+    assembly = Assembly()
+    forger = Signer.generate("forger")
+    for serial in range(2000):
+        forged, _ = split_pass(forger, "v2", serial, 3, root_holdings([(b"ghost/7", bytes(32))]))
+        assembly.add_statement(forged, "v1.2")
+    held = sum(len(entries) for entries in assembly._entries.values())
+    assert held * (pass_shares.ENTRY_OVERHEAD + 3 * 32) <= 32 * 1024
+
+
 def test_entries_of_publications_whose_leaves_never_come_are_let_go_oldest_first(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
