@@ -136,6 +136,10 @@ RECENT_PUBLICATION_BYTES = 2 * 1024 * 1024
 send again when its session there resumes after a lost connection: they may have died in
 the socket buffers. The broker routes each (publisher, seq) once, so the ones that did
 arrive are dropped there."""
+DELIVERED_MEMORY = 4
+"""Publishers a subscription remembers the last delivered seq of, in units of the client's
+``max_publishers`` (the streams it keeps agreement state for)."""
+
 LAGGING_LINK_BYTES = 8 * 1024 * 1024
 """Bytes of unwritten frames past which a publication without acknowledgement skips the link
 of a replica that stopped reading (its link not writable while a majority of the others take
@@ -465,7 +469,9 @@ class Subscription:
         self.dropped = 0
         self._reported_dropped = 0
         self.active = False
-        self._delivered: dict[str, int] = {}
+        # publisher -> the last seq delivered, for the latest DELIVERED_MEMORY x
+        # max_publishers publishers (see _note_delivered)
+        self._delivered: OrderedDict[str, int] = OrderedDict()
         # publisher -> agreed copies waiting for their key (and since when), in order
         self._confirmed: dict[str, dict[int, tuple[Delivery, float]]] = {}
         # confidential publications given up because their key never arrived (key_patience)
@@ -513,7 +519,7 @@ class Subscription:
         client = self.client
         if client.fault_tolerance == 0 and delivery.sec is None and publisher not in self._streams:
             if seq > self._delivered.get(publisher, 0):
-                self._delivered[publisher] = seq
+                self._note_delivered(publisher, seq)
                 self._deliver(delivery)
             return
         stream = self._streams.get(publisher)
@@ -553,8 +559,20 @@ class Subscription:
             if delivery.sec is not None and seq not in confirmed:
                 self.client._await_key(publisher, delivery.sec.epoch)
             confirmed[seq] = (delivery, now)
-        self._delivered[publisher] = released[-1][0]
+        self._note_delivered(publisher, released[-1][0])
         self._flush(publisher)
+
+    def _note_delivered(self, publisher: str, seq: int) -> None:
+        """``seq`` is ``publisher``'s last agreed publication. Kept for the latest
+        ``DELIVERED_MEMORY`` x ``max_publishers`` publishers: a subscriber outlives many
+        short-lived publishers (each a new ``client-<uuid>``), and one int per publisher
+        ever heard from was kept for good. A publisher let go whose copies come again is
+        agreed on from scratch, as one whose stream was forgotten (``max_publishers``)."""
+        delivered = self._delivered
+        delivered[publisher] = seq
+        delivered.move_to_end(publisher)
+        if len(delivered) > DELIVERED_MEMORY * self.client.max_publishers:
+            delivered.popitem(last=False)
 
     def _resize(self, faults: int) -> None:
         """The edge VN has a new replica count: agree on ``faults + 1`` copies from now on."""

@@ -13,18 +13,24 @@ from typing import Any
 
 import pytest
 
-from broker.client import LAGGING_LINK_BYTES, Client, Status
+from broker.client import DELIVERED_MEMORY, LAGGING_LINK_BYTES, Client, Status
 from broker.errors import ConnectionLost, InvalidRequest, TrellisError, TrellisTimeout
 from broker.tools.launcher import BrokerProcess
 from broker.tools.local import LocalOverlay, fetch_json, free_ports
 from broker.wire.protocol import (
     PROTOCOL_VERSION,
     RESUMED_OPTION,
+    Ack,
     Deliver,
+    FrameDecoder,
+    Hello,
     MsgType,
     Notice,
+    Subscribe,
+    Unsubscribe,
     Welcome,
     encode,
+    encode_deliver,
 )
 from overlay.tree import broker_names, line_tree
 from tests.support import GatedProxy, until
@@ -539,3 +545,39 @@ async def test_an_equivocator_behind_a_corrupting_vn_is_still_attributed(
             while counts != (counts := (sc.key_shares("pub", 1), sc.key_shares("pub", 6))):  # noqa: ASYNC110
                 await asyncio.sleep(0.5)
         assert sc.share_culprits() == {"b2.0"}
+
+
+async def test_a_subscription_remembers_the_last_seq_of_recent_publishers_only() -> None:
+    """A subscriber outlives many short-lived publishers (each a new ``client-<uuid>``):
+    one int per publisher ever heard from was kept for good. It keeps the latest
+    ``DELIVERED_MEMORY`` x ``max_publishers``, and every publication is delivered."""
+    publishers = 1000
+
+    async def broker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        decoder = FrameDecoder()
+        while data := await reader.read(65536):
+            for msg in decoder.feed(data):
+                if isinstance(msg, Hello):
+                    options = {"vn": "b0", "replica": 0, "vn_size": 1}
+                    writer.write(encode(Welcome(PROTOCOL_VERSION, "b0", options)))
+                elif isinstance(msg, Subscribe):
+                    writer.write(encode(Ack(msg.rid)))
+                    for n in range(publishers):
+                        writer.write(encode_deliver([msg.sub_id], f"p{n}", 1, {"n": n}, b""))
+                elif isinstance(msg, Unsubscribe):
+                    writer.write(encode(Ack(msg.rid)))
+        writer.close()
+
+    server = await asyncio.start_server(broker, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = Client(f"127.0.0.1:{port}", connect_timeout=2, max_publishers=16)
+    try:
+        await client.connect()
+        async with client.subscribe("n >= 0") as sub:
+            got = [(await sub.get(5)).attrs["n"] for _ in range(publishers)]
+            assert got == list(range(publishers))
+            assert len(sub._delivered) <= DELIVERED_MEMORY * 16
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
