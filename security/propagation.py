@@ -1312,10 +1312,19 @@ _CERT_SETTERS = tuple(
 _set_cert_hash = SplitCert.__dict__["_hash"].__set__
 
 
+MAX_CERT_BYTES = 8192
+"""The most a packed certificate may weigh: an honest one names a publication and a
+splitter, carries r <= 64 commitments and a Merkle path of at most 64 hashes (about 4.5 KB
+at worst). The certificate caches are bounded by count; past this a certificate is
+refused as malformed, so they are bounded in bytes too."""
+
+
 def _unpack_cert(raw: bytes) -> SplitCert:
     cert = _PARSED.get(raw)
     if cert is not None:
         return cert
+    if len(raw) > MAX_CERT_BYTES:
+        raise ValueError(f"a certificate of {len(raw)} bytes (at most {MAX_CERT_BYTES})")
     c_pub, node, k, r, splitter, commits, sig, parent, position, count, proof = msgpack.unpackb(
         raw, use_list=False, raw=False
     )

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from security import shamir
 from security.envelope import DecryptionError, Signer, new_key, open_sealed, seal
 from security.propagation import (
+    MAX_CERT_BYTES,
     SALT_SIZE,
     Blame,
     CertBatch,
@@ -279,6 +280,18 @@ def test_a_parsed_certificate_equals_and_hashes_like_the_one_packed() -> None:
 def test_unpack_rejects_malformed_records(garbage: bytes) -> None:
     with pytest.raises(PropagationError):
         unpack_record(garbage)
+
+
+def test_a_certificate_heavier_than_any_honest_one_is_refused_as_malformed() -> None:
+    """Parsed certificates are cached by count (process-wide): one of megabytes (a huge
+    proof or commitment list) made each cached entry cost that much."""
+    world = make_world([3, 5])
+    top = publisher_split(new_key(), 2, 3, world.publisher, PUB_ID)
+    child = resplit(top[1], 3, 5, world.replicas[0][1])[4]
+    assert len(pack_record(child)) < MAX_CERT_BYTES  # an honest chain parses
+    heavy = dataclasses.replace(child.certs[-1], proof=(bytes(32),) * 4096)
+    with pytest.raises(PropagationError, match="at most 8192"):
+        unpack_record(pack_record(child.with_cert(heavy)))
 
 
 def test_publisher_split_refuses_a_threshold_other_than_f_plus_1() -> None:
