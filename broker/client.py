@@ -57,6 +57,7 @@ from broker.wire.protocol import (
     MARKS_OPTION,
     MAX_ATTR_NAME,
     MAX_ID_LENGTH,
+    MAX_ROUND_ID,
     MAX_STRING_VALUE,
     MAX_VN_SIZE,
     PROTOCOL_VERSION,
@@ -1326,10 +1327,12 @@ class Client:
         every replica, after everything published so far (queued confidential ones too), so
         that all honest replicas switch tables at the same publication."""
         round_id = data.get("round")
-        if type(round_id) is not str or not self._mark_requests.ask(
-            round_id, replica, self.fault_tolerance + 1
+        if (
+            type(round_id) is not str
+            or len(round_id) > MAX_ROUND_ID
+            or not self._mark_requests.ask(round_id, replica, self.fault_tolerance + 1)
         ):
-            return
+            return  # (a round's name is short: a long one is only kept, never matched)
         self._sign_pending()
         mark = Notice(MARK_NOTICE, {"round": round_id})
         for link in list(self._links.values()):

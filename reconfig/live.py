@@ -509,6 +509,10 @@ class MarkerBook:
         got = self.seen.get(round_id, {})
         return {p for (w, p), d in got.items() if w == wave and d != digest}
 
+    def vouched_digests(self, round_id: str, wave: int) -> set[str]:
+        """The digests some sender's marker of ``wave`` carried last."""
+        return {d for (w, _), d in self.seen.get(round_id, {}).items() if w == wave}
+
     def vouchers(self, round_id: str, wave: int, digest: str, among: Iterable[str]) -> set[str]:
         """Senders in ``among`` whose marker of ``wave`` carried ``digest``."""
         got = self.seen.get(round_id, {})

@@ -111,6 +111,7 @@ from broker.routing.router import LinkTables, Owned, hood_routing
 from broker.wire.protocol import (
     DEFAULT_MAX_FRAME,
     HEADER_SIZE,
+    MAX_ROUND_ID,
     PROTOCOL_VERSION,
     Hello,
     Message,
@@ -167,9 +168,6 @@ DRAIN = 1
 VOUCH = 3
 MARK_ASK = 4
 MARK = 5
-
-MAX_ROUND_ID = 1024
-"""Characters of a round's name in a marker (``broker id#serial``; ids are far shorter)."""
 
 DIGEST_LENGTH = 64
 """Characters of a plan's or tables' digest (SHA-256 in hex) in a marker."""
@@ -1262,6 +1260,13 @@ class ReconfigAgent:
                 raise ProtocolError("RECONF marker of wave 3: tables do not match their digest")
             self._vouched.setdefault(round_id, {})[digest] = (held, sent)
         self.markers.record(round_id, wave, sender, digest)
+        if wave == VOUCH:
+            # Only tables some replica's latest vouch names are kept: one vouching again
+            # and again with other tables (each up to a frame) replaces its own.
+            named = self.markers.vouched_digests(round_id, VOUCH)
+            vouched = self._vouched[round_id]
+            for stale in [d for d in vouched if d not in named]:
+                del vouched[stale]
         self.links_changed()
 
     async def handle(self, step: Step) -> Reply:

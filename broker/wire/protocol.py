@@ -123,6 +123,10 @@ def unroutable(name: str, size: int, limit: int) -> PayloadTooLarge:
     )
 
 
+MAX_ROUND_ID = 1024
+"""Characters of a reconfiguration round's name in a marker or a mark request (``broker
+id#serial``: ids are far shorter)."""
+
 MAX_VN_SIZE = 64
 """Replicas one VN may have (a broker's ``vn_size``; what a WELCOME may announce)."""
 

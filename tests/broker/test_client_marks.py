@@ -152,3 +152,19 @@ async def test_a_request_without_a_round_name_is_ignored(
         await until(lambda: all(len(f.stream()) == 1 for f in replicas), 5.0)
     for fake in replicas:
         assert fake.stream() == [("publish", 1)]
+
+
+async def test_a_mark_asked_for_a_round_named_longer_than_any_round_is_not_kept(
+    replicas: list[FakeReplica],
+) -> None:
+    """Mark requests are kept per round until f + 1 replicas asked: a round's name is a
+    broker id and a serial, so one of megabytes is not a round (each was kept)."""
+    long_name = "r" * 100_000
+    async with Client(endpoints(replicas), client_id="pub") as client:
+        await replicas[0].ask_mark(long_name, 1)
+        await replicas[1].ask_mark(long_name, 2)
+        await client.publish({"class": "q"}, b"x", ack=False)
+        await until(lambda: all(len(f.stream()) == 1 for f in replicas), 5.0)
+        assert long_name not in client._mark_requests._asks
+    for fake in replicas:
+        assert fake.stream() == [("publish", 1)]

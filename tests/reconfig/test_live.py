@@ -219,6 +219,7 @@ def test_markers_say_who_disagrees_and_who_vouched() -> None:
     assert book.disagreeing("r", 1, "P") == {"a.1"}
     assert book.missing("r", 1, ["a.0", "a.1", "a.2"], ["a.0", "a.1", "a.2"]) == {"a.2"}
     assert book.vouchers("r", 3, "T", ["m.0", "m.1", "m.2"]) == {"m.0", "m.1"}
+    assert book.vouched_digests("r", 3) == {"T", "U"}
     book.forget("r")
     assert book.vouchers("r", 3, "T", ["m.0", "m.1", "m.2"]) == set()
 
