@@ -236,9 +236,11 @@ async def test_wrong_or_withheld_tables_from_the_coordinator_are_not_what_member
             filter_text = f"class = 'pad' and tag = 'subscription number {i:05d}'"
             await stack.enter_async_context(padder.subscribe(filter_text))
         await stream_until(overlay, stream, applied_everywhere, timeout=40)
-    # b2.2 never heard install: it took the tables b1's replicas vouched for
+    # b2.2 never heard install: it took the tables b1's replicas vouched for when its lease
+    # ended, or (drained too late, or the vouches in parts not all in) went back and took
+    # its siblings' links and tables
     b22 = (overlay.workdir / "b2.2.log").read_text(encoding="utf-8")
-    assert "no install from master b1" in b22, b22[-3000:]
+    assert "no install from master b1" in b22 or "this replica missed a round" in b22, b22[-3000:]
     assert await asyncio.to_thread(applied_everywhere)
     moved = await asyncio.to_thread(overlay.live_tree)
     assert ("b0", "b2") in moved.links
