@@ -211,13 +211,13 @@ async def test_a_coordinator_proposing_wrong_plans_is_refused_and_traffic_contin
     assert_exactly_once_in_order(overlay, stream)
 
 
-@pytest.mark.parametrize("padding", [0, 600], ids=["small-tables", "tables-in-parts"])
+@pytest.mark.parametrize("padding", [0, 150], ids=["small-tables", "tables-in-parts"])
 async def test_wrong_or_withheld_tables_from_the_coordinator_are_not_what_members_install(
     run_overlay: Callable[..., LocalOverlay], padding: int
 ) -> None:
     """With ``padding`` further subscriptions at b3 and a small ``max_frame``, the wrong
     tables travel in parts (and are withheld from b2.2 all the same)."""
-    overlay = start(run_overlay, "mistable", **({"max_frame": 16 * 1024} if padding else {}))
+    overlay = start(run_overlay, "mistable", **({"max_frame": 8 * 1024} if padding else {}))
     stream = Stream()
 
     def applied_everywhere() -> bool:

@@ -34,8 +34,8 @@ from tests.system.test_byzantine_coordinator import (
 
 pytestmark = pytest.mark.slow
 
-FRAME = 16 * 1024
-PADDING = 600
+FRAME = 8 * 1024
+PADDING = 150  # (three parts or so: enough to need them, light on a loaded machine)
 
 
 def reconfig_of(overlay: LocalOverlay, broker: str) -> dict[str, Any]:
