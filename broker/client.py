@@ -2015,8 +2015,18 @@ class Client:
         if current is None or assembly.seq > current.seq:
             self._current_epochs[assembly.publisher] = assembly
             self._current_epochs.move_to_end(assembly.publisher)
+            if current is not None:
+                self._let_go(current)
             if len(self._current_epochs) > _KEY_MEMORY:
-                self._current_epochs.popitem(last=False)
+                self._let_go(self._current_epochs.popitem(last=False)[1])
+
+    def _let_go(self, assembly: KeyAssembly) -> None:
+        """``assembly`` is no longer its publisher's current epoch: if nothing else keeps
+        it (the bound of :meth:`_assembly`, a delivery waiting for its key), what the pass
+        layer holds for it goes too (its leaves and entries, charged to their relays)."""
+        key = (assembly.publisher, assembly.seq)
+        if key not in self._assemblies and key not in self._awaited:
+            self._passes.forget(*key)
 
     def _blame_copies(self, blames: list[Blame[int]]) -> None:
         for blame in blames:

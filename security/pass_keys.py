@@ -223,7 +223,8 @@ class PassKeys:
         if state is None:
             state = self._epochs[publisher, epoch] = _Epoch()
             if len(self._epochs) > 4 * 4096:
-                self._epochs.popitem(last=False)
+                gone = self._epochs.popitem(last=False)[0]
+                self.assembly.forget(publication_id(*gone))
         if keys.key is not None and (state.checked or not audit):
             return None  # (a call per delivery: nothing to do until the check)
         assembly = self.assembly

@@ -518,6 +518,12 @@ per replica); counted as :data:`ENTRY_OVERHEAD` plus 32 per commitment for an en
 ENTRY_OVERHEAD = 160
 LEAF_OVERHEAD = 256
 
+CHARGED_MEMORY = 8192
+"""Publications with leaves an :class:`Assembly` holds at most, the least recently added
+to going first: a subscriber keeps the key assemblies of 4,096 epochs and each publisher's
+current one, so the oldest past this are ones whose epoch was let go without
+:meth:`Assembly.forget` (their charges would otherwise hold the relays' allowances)."""
+
 
 class Assembly:
     """A subscriber's statements and leaves, indexed by publication.
@@ -543,8 +549,9 @@ class Assembly:
     def __init__(self, held_budget: int = HELD_BUDGET) -> None:
         self.held_budget = held_budget
         self._charged: dict[str, int] = {}
-        # publication -> relay -> bytes of its entries and leaves charged to that relay
-        self._charges: dict[bytes, dict[str, int]] = {}
+        # publication -> relay -> bytes of its entries and leaves charged to that relay,
+        # least recently charged first (CHARGED_MEMORY)
+        self._charges: OrderedDict[bytes, dict[str, int]] = OrderedDict()
         self.refused: dict[str, int] = {}
         self.statements = StatementStore()
         self._entries: dict[bytes, list[tuple[PassStatement, Entry]]] = defaultdict(list)
@@ -568,18 +575,29 @@ class Assembly:
         :data:`UNCLAIMED_BYTES`, past which the oldest such publications go."""
         if statement.ref in self.statements:
             return
-        self.statements.add(statement)
         entries, leaves, unclaimed = self._entries, self._leaves, self._unclaimed
+        claimed = [
+            (entry, ENTRY_OVERHEAD + _DIGEST * len(entry.commitments))
+            for entry in statement.entries
+            if entry.pub_id in leaves
+        ]
+        if claimed and self._charged.get(sender, 0) + sum(c for _, c in claimed) > (
+            self.held_budget
+        ):
+            # Refused whole and not kept: another relay's copy of it is then taken.
+            self.refused[sender] = self.refused.get(sender, 0) + 1
+            return
+        self.statements.add(statement)
+        for entry, cost in claimed:
+            self._charge(sender, entry.pub_id, cost)
         for entry in statement.entries:
             pub_id = entry.pub_id
             if epoch_of(pub_id) is None:
                 continue  # no publication's: nothing could ever let it go
-            cost = ENTRY_OVERHEAD + _DIGEST * len(entry.commitments)
             if pub_id in leaves:
-                if not self._charge(sender, pub_id, cost):
-                    continue
                 entries[pub_id].append((statement, entry))
                 continue
+            cost = ENTRY_OVERHEAD + _DIGEST * len(entry.commitments)
             entries[pub_id].append((statement, entry))
             unclaimed[pub_id] = unclaimed.get(pub_id, 0) + cost
             self._unclaimed_bytes += cost
@@ -600,10 +618,15 @@ class Assembly:
             self.refused[sender] = self.refused.get(sender, 0) + 1
             return False
         self._charged[sender] = charged
-        by_sender = self._charges.get(pub_id)
+        charges = self._charges
+        by_sender = charges.get(pub_id)
         if by_sender is None:
-            by_sender = self._charges[pub_id] = {}
+            by_sender = charges[pub_id] = {}
+        else:
+            charges.move_to_end(pub_id)
         by_sender[sender] = by_sender.get(sender, 0) + cost
+        while len(charges) > CHARGED_MEMORY:
+            self.forget(next(iter(charges)))
         return True
 
     def _release(self, pub_id: bytes) -> None:

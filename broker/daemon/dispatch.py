@@ -414,13 +414,13 @@ class Connection(asyncio.Protocol):
             self.hold(NOT_READING)
 
     def close_unread_control(self) -> None:
-        """A control connection whose answers are not read, ``lag_limit`` of them queued:
-        closed, what is queued dropped (its requests were read before it stopped)."""
+        """A control connection whose answers are not read, ``control_lag_limit`` of them
+        queued: closed, what is queued dropped (its requests were read before it stopped)."""
         proto_log.warning(
             "closing %r: more than %d bytes of answers queued to a control connection that "
             "does not read them",
             self,
-            self.broker.lag_limit,
+            self.broker.control_lag_limit,
         )
         if self.transport is not None:
             self.transport.abort()
@@ -532,13 +532,12 @@ class Connection(asyncio.Protocol):
                 # task was flushing (the heartbeat's close: the whole broker).
                 log.debug("%r: write after the connection was lost", self)
                 return
-            if (self.lagging or self.control) and (
-                transport.get_write_buffer_size() > self.broker.lag_limit
+            if self.lagging and transport.get_write_buffer_size() > self.broker.lag_limit:
+                self.broker.close_lagging(self)
+            elif self.control and (
+                transport.get_write_buffer_size() > self.broker.control_lag_limit
             ):
-                if self.control:
-                    self.close_unread_control()
-                else:
-                    self.broker.close_lagging(self)
+                self.close_unread_control()
 
     def fail(self, exc: Exception, rid: int = 0) -> None:
         """Report ``exc`` in an ERROR frame and close this connection only."""
@@ -922,6 +921,8 @@ class Broker:
         self.over_limit: set[Connection] = set()
         self.congested_links: set[Connection] = set()
         self.lag_limit = LAG_FACTOR * config.send_buffer_limit
+        # (a control connection's answer may weigh half a frame: two of them always fit)
+        self.control_lag_limit = max(self.lag_limit, 2 * config.max_frame)
         self.dirty: list[Connection] = []
         # Connections whose backlog waits for its next slice (they share read_slice).
         self.waiting: set[Connection] = set()

@@ -181,7 +181,9 @@ class VNHop:
         before = said.get(member) if said is not None else None
         if before == entry:
             return False
-        if len(self._votes.get(entry, ())) + 1 < self.quorum:
+        if kind == base and len(self._votes.get(entry, ())) + 1 < self.quorum:
+            # (a withdrawal is never refused: it replaces a word of the member's own, one
+            # per entry it announced, and refusing it would leave that entry in force)
             charged = self._pending_bytes.get(member, 0)
             if before is not None and before in self._unsettled.get(member, ()):
                 charged -= entry_cost(before)  # (replaced: a withdrawal frees its addition)
@@ -211,7 +213,8 @@ class VNHop:
                 self._settle(voter, entry)
         group = (base, key)
         if kind == base:
-            self._withdrawn.pop(group, None)  # announced again: not a withdrawn entry
+            if len(voters) >= self.quorum:
+                self._withdrawn.pop(group, None)  # in force again: not a withdrawn entry
         elif len(voters) >= self.size:
             # Every replica removed it: no late word is left to recognise.
             self._withdrawn.pop(group, None)
@@ -220,7 +223,7 @@ class VNHop:
                 said.pop(voter, None)
             if not said:
                 del self._said[group]
-        elif len(voters) == self.quorum:
+        elif len(voters) >= self.quorum:
             self._note_withdrawn(group)
         return len(voters) == self.quorum
 
@@ -229,6 +232,7 @@ class VNHop:
         removals, for the latest ``withdrawn_memory`` withdrawals."""
         withdrawn = self._withdrawn
         withdrawn[group] = None
+        withdrawn.move_to_end(group)
         while len(withdrawn) > self.withdrawn_memory:
             base, key = withdrawn.popitem(last=False)[0]
             self._said.pop((base, key), None)

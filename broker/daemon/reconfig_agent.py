@@ -300,6 +300,10 @@ class Neighbourhood(Protocol):
         """Traffic counters for ``/reconfig``: routed, forwarded, published, delivered."""
 
 
+ASKED_TABLES_BYTES = 64 << 20
+"""Bytes of a sibling's tables in parts a replica that missed a round takes at most (parts
+of half its frame each): bigger ones are refused, not held while they come."""
+
 MIN_ASKED_FRAME = 4096
 """The smallest frame a sibling asking for tables in parts may say it reads (a smaller one
 would only make more parts)."""
@@ -1176,13 +1180,21 @@ class ReconfigAgent:
         parts, digest = first.tables.get("parts"), first.tables.get("digest")
         received = [(first.tables["held"], first.tables["sent"])]
         problem = None
-        count = parts if type(parts) is int and 1 < parts <= MAX_PARTS else 0
+        most = min(MAX_PARTS, max(2, ASKED_TABLES_BYTES // (self.hood.max_frame // 2)))
+        count = parts if type(parts) is int and 1 < parts <= most else 0
         if not count or type(digest) is not str:
-            problem = f"{parts!r} parts is not a count of parts (at most {MAX_PARTS})"
+            problem = f"{parts!r} parts is not a count of parts (at most {most})"
             count = 0
+        # (one deadline for them all: a sibling sending each part just in time held the
+        # repair for as many timeouts as it announced parts)
+        deadline = asyncio.get_running_loop().time() + 2 * timeout
         for part in range(1, count):
             asked = {"tables": True, "frame": self.hood.max_frame, "part": part}
-            reply = await channel.request("neighbours", asked, timeout)
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                problem = f"part {part} of {count} not in within {2 * timeout:g} s"
+                break
+            reply = await channel.request("neighbours", asked, min(timeout, left))
             got = reply.tables or {}
             if not reply.ok or reply.neighbours != first.neighbours or got.get("part") != part:
                 problem = f"part {part}: {reply.error or 'another answer'}"

@@ -697,3 +697,42 @@ def test_a_key_split_over_an_old_and_a_new_path_comes_back_on_each_with_no_blame
         for audit in (False, True):
             found = assembly.reconstruct(b"pub/0", path, audit=audit, complete=True)
             assert found == (keys[b"pub/0"], ()), (path.names, audit)
+
+
+def test_a_statement_a_relay_over_its_allowance_brought_first_is_taken_from_another() -> None:
+    """A statement refused because its relay is over its allowance is not kept as seen:
+    the same statement from an honest relay is taken, and the key comes."""
+    world = World((3, 3))
+    mine = {b"pub/1": os.urandom(32)}
+    _, statements, deliveries = _deliver(world, mine)
+    assembly = Assembly(held_budget=2048)
+    for sender, batch in deliveries:  # leaves first: their statements wait
+        assembly.add_leaves(sender, batch)
+    full = "v1.2"
+    assembly._charged[full] = assembly.held_budget  # (as if its allowance were used up)
+    for one in statements:
+        assembly.add_statement(one, full)
+    assert assembly.refused.get(full, 0) > 0
+    for one in statements:
+        assembly.add_statement(one, "v1.0")
+    assert assembly.reconstruct(b"pub/1", world.path, complete=True) == (mine[b"pub/1"], ())
+
+
+def test_publications_an_assembly_was_never_told_to_let_go_go_oldest_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client path that lets an epoch go without forgetting it left the relays charged
+    for it for good; past ``CHARGED_MEMORY`` publications with leaves the oldest go."""
+    monkeypatch.setattr(pass_shares, "CHARGED_MEMORY", 4)
+    world = World((3, 3))
+    keys = {f"pub/{n}".encode(): os.urandom(32) for n in range(10)}
+    _, statements, deliveries = _deliver(world, keys)
+    assembly = Assembly()
+    for one in statements:
+        assembly.add_statement(one, "v1.0")
+    for sender, batch in deliveries:
+        assembly.add_leaves(sender, batch)
+    assert len(assembly._charges) <= 4
+    assert sum(assembly._charged.values()) == sum(
+        sum(by.values()) for by in assembly._charges.values()
+    )
