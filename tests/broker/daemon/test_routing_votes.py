@@ -318,3 +318,18 @@ def test_a_replica_announcing_a_withdrawn_entry_again_cannot_keep_it_for_good() 
         hop.vote("b0.d", ("sub", key, FLT))
         hop.vote("b0.d", ("unsub", key))
     assert len(hop._said) <= 4 + 1, len(hop._said)
+
+
+def test_a_replica_at_its_allowance_can_still_withdraw_an_entry_in_force() -> None:
+    """b0.2 is down; b0.0's allowance is taken by entries its siblings have not sent yet.
+    Its withdrawal of an entry in force (nothing of it charged: the majority took it up)
+    is taken all the same, or the entry would stay in force after its client left."""
+    hop = VNHop("b0", 3, vote_budget=4 * entry_cost(("sub", "b0/c/s00", FLT)))
+    assert not hop.vote("b0.0", ADD)
+    assert hop.vote("b0.1", ADD)
+    for n in range(4):
+        hop.vote("b0.0", ("sub", f"b0/c/s{n:02d}", FLT))
+    with pytest.raises(LimitExceeded):
+        hop.vote("b0.0", ("sub", "b0/c/s99", FLT))
+    assert not hop.vote("b0.0", REMOVE)  # taken, not refused
+    assert hop.vote("b0.1", REMOVE)  # the majority withdrew it
