@@ -49,6 +49,11 @@ from tests.support import drain
 from tests.system.test_overlay import metric
 from tests.wire import RawPeer
 
+# Heartbeat interval of a broker flooded for a long time before its witness is used: the
+# witness is a blocking socket that answers PINGs only when it runs, and a flood that
+# outlasts three intervals (46 s for one on a busy machine) had the broker close it.
+WITNESS_IDLE = 60.0
+
 
 @pytest.mark.slow
 async def test_a_publisher_held_back_by_a_congested_link_is_not_closed_as_silent(
@@ -232,7 +237,13 @@ async def test_a_replica_sending_lone_copies_for_ever_new_publishers_fills_only_
         {"id": f"x.{i}", "endpoint": "127.0.0.1:9", "vn": "x", "replica": i, "vn_size": 3}
         for i in range(3)
     ]
-    broker = run_broker("zz-lone", admin_port=0, neighbours=vn_x, max_copy_bytes_per_source=4 << 20)
+    broker = run_broker(
+        "zz-lone",
+        admin_port=0,
+        neighbours=vn_x,
+        max_copy_bytes_per_source=4 << 20,
+        heartbeat_interval=WITNESS_IDLE,
+    )
     witness = Witness(broker.host, broker.port)
     watch = MemoryWatch([broker.pid])
     peer = await RawPeer.connect(f"{broker.host}:{broker.port}")
@@ -273,7 +284,11 @@ async def test_a_replica_announcing_entries_no_majority_sends_fills_only_its_bud
         for i in range(3)
     ]
     broker = run_broker(
-        "zz-votes", admin_port=0, neighbours=vn_x, max_vote_bytes_per_source=4 << 20
+        "zz-votes",
+        admin_port=0,
+        neighbours=vn_x,
+        max_vote_bytes_per_source=4 << 20,
+        heartbeat_interval=WITNESS_IDLE,
     )
     witness = Witness(broker.host, broker.port)
     watch = MemoryWatch([broker.pid])
