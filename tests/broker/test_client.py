@@ -77,17 +77,13 @@ async def test_connect_timeout_really_bounds_the_first_connect() -> None:
     assert client.status is Status.DISCONNECTED
 
 
-@pytest.mark.parametrize(
-    "resumed",
-    ["junk", {"subscriptions": "s1"}, {"advertisements": [1, 2]}],
-    ids=["not-a-map", "not-a-list", "not-ids"],
-)
-async def test_a_welcome_with_a_malformed_resumed_session_is_refused_and_says_why(
-    resumed: object,
-) -> None:
+async def assert_welcome_refused(options: dict[str, object], match: str) -> None:
+    """A fake broker answers the HELLO with one WELCOME carrying ``options``; the client
+    must refuse it with an error matching ``match``."""
+
     async def welcome(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.read(4096)  # the HELLO
-        writer.write(encode(Welcome(PROTOCOL_VERSION, "b0", {RESUMED_OPTION: resumed})))
+        writer.write(encode(Welcome(PROTOCOL_VERSION, "b0", options)))
         await writer.drain()
         await reader.read()
         writer.close()
@@ -96,12 +92,23 @@ async def test_a_welcome_with_a_malformed_resumed_session_is_refused_and_says_wh
     port = server.sockets[0].getsockname()[1]
     client = Client(f"127.0.0.1:{port}", connect_timeout=1)
     try:
-        with pytest.raises(TrellisError, match=r"invalid WELCOME .*'resumed"):
+        with pytest.raises(TrellisError, match=match):
             await client.connect()
     finally:
         await client.close()
         server.close()
         await server.wait_closed()
+
+
+@pytest.mark.parametrize(
+    "resumed",
+    ["junk", {"subscriptions": "s1"}, {"advertisements": [1, 2]}],
+    ids=["not-a-map", "not-a-list", "not-ids"],
+)
+async def test_a_welcome_with_a_malformed_resumed_session_is_refused_and_says_why(
+    resumed: object,
+) -> None:
+    await assert_welcome_refused({RESUMED_OPTION: resumed}, r"invalid WELCOME .*'resumed")
 
 
 @pytest.mark.parametrize(
@@ -119,24 +126,7 @@ async def test_a_welcome_announcing_an_impossible_vn_is_refused_and_says_why(
 ) -> None:
     """A WELCOME's ``vn_size`` sizes what the client sets up for the edge VN (the replicas
     it dials, from the same WELCOME): a million was taken as it came."""
-
-    async def welcome(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.read(4096)  # the HELLO
-        writer.write(encode(Welcome(PROTOCOL_VERSION, "b0", options)))
-        await writer.drain()
-        await reader.read()
-        writer.close()
-
-    server = await asyncio.start_server(welcome, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    client = Client(f"127.0.0.1:{port}", connect_timeout=1)
-    try:
-        with pytest.raises(TrellisError, match=rf"invalid WELCOME .*{reason}"):
-            await client.connect()
-    finally:
-        await client.close()
-        server.close()
-        await server.wait_closed()
+    await assert_welcome_refused(options, rf"invalid WELCOME .*{reason}")
 
 
 @pytest.mark.parametrize(

@@ -151,6 +151,28 @@ async def stream_until(
             task.cancel()
 
 
+async def stream_until_padded(
+    overlay: LocalOverlay,
+    stream: Stream,
+    done: Callable[[], bool],
+    timeout: float,
+    padding: int,
+) -> None:
+    """:func:`stream_until` with ``padding`` further subscriptions at b3 (routed toward an
+    advertiser at b0), so that a round's tables outgrow a small ``max_frame``."""
+    async with (
+        Client(overlay.endpoints("b0"), client_id="pad-pub") as pad_pub,
+        Client(overlay.endpoints("b3"), client_id="padding") as padder,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        if padding:
+            await pad_pub.advertise("class = 'pad'")
+        for i in range(padding):
+            filter_text = f"class = 'pad' and tag = 'subscription number {i:05d}'"
+            await stack.enter_async_context(padder.subscribe(filter_text))
+        await stream_until(overlay, stream, done, timeout)
+
+
 def assert_exactly_once_in_order(overlay: LocalOverlay, stream: Stream) -> None:
     expected = [(i, f"quote {i}".encode()) for i in range(1, stream.published + 1)]
     assert set(stream.received) == {"sub2", "sub3"}
@@ -225,17 +247,7 @@ async def test_wrong_or_withheld_tables_from_the_coordinator_are_not_what_member
         info = fetch_json(overlay.brokers["b2.2"].admin_url + "/reconfig")
         return applied and info["locked_by"] is None  # b2.2's lease has ended
 
-    async with (
-        Client(overlay.endpoints("b0"), client_id="pad-pub") as pad_pub,
-        Client(overlay.endpoints("b3"), client_id="padding") as padder,
-        contextlib.AsyncExitStack() as stack,
-    ):
-        if padding:
-            await pad_pub.advertise("class = 'pad'")  # the padding is routed toward b0
-        for i in range(padding):
-            filter_text = f"class = 'pad' and tag = 'subscription number {i:05d}'"
-            await stack.enter_async_context(padder.subscribe(filter_text))
-        await stream_until(overlay, stream, applied_everywhere, timeout=40)
+    await stream_until_padded(overlay, stream, applied_everywhere, timeout=40, padding=padding)
     # b2.2 never heard install: it took the tables b1's replicas vouched for when its lease
     # ended, or (drained too late, or the vouches in parts not all in) went back and took
     # its siblings' links and tables

@@ -13,7 +13,6 @@ them keep; every subscriber still gets every publication exactly once, in order.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import time
 from collections.abc import Callable
@@ -21,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from broker.client import Client
 from broker.tools.local import LocalOverlay, fetch_json
 from overlay.tree import line_tree
 from tests.system.test_byzantine_coordinator import (
@@ -29,7 +27,7 @@ from tests.system.test_byzantine_coordinator import (
     RECONFIG,
     Stream,
     rounds_of,
-    stream_until,
+    stream_until_padded,
 )
 
 pytestmark = pytest.mark.slow
@@ -95,17 +93,7 @@ async def test_a_replica_that_went_back_on_a_round_takes_its_siblings_links_and_
     def repaired() -> bool:
         return bool(reconfig_of(overlay, "b2.2")["repaired"])
 
-    async with (
-        Client(overlay.endpoints("b0"), client_id="pad-pub") as pad_pub,
-        Client(overlay.endpoints("b3"), client_id="padding") as padder,
-        contextlib.AsyncExitStack() as stack,
-    ):
-        if padding:
-            await pad_pub.advertise("class = 'pad'")  # the padding is routed toward b0
-        for i in range(padding):
-            filter_text = f"class = 'pad' and tag = 'subscription number {i:05d}'"
-            await stack.enter_async_context(padder.subscribe(filter_text))
-        await stream_until(overlay, stream, repaired, timeout=40)
+    await stream_until_padded(overlay, stream, repaired, timeout=40, padding=padding)
     # b2.2 refused the install: its coordinator says the round took only in part, and where
     # it did not (the round is not counted as applied).
     rounds = [r for b in ("b0.0", "b1.0") for r in rounds_of(overlay, b)]

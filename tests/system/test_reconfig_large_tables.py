@@ -12,18 +12,16 @@ coordinator moves b2 next to b0, with 600 further subscriptions at b3 in its tab
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 
 import pytest
 
-from broker.client import Client
 from broker.tools.local import LocalOverlay, fetch_json
 from overlay.tree import line_tree
 from tests.system.test_byzantine_coordinator import (
     Stream,
     assert_exactly_once_in_order,
-    stream_until,
+    stream_until_padded,
 )
 from tests.system.test_reconfig_live import RECONFIG, applied_rounds
 
@@ -45,17 +43,10 @@ async def test_a_round_with_tables_larger_than_a_frame_applies_and_loses_nothing
         # round computing and vouching 600 entries in parts outlasted a 5 s lease)
         reconfig={**RECONFIG, "lock_lease": 10.0, "step_timeout": 6.0},
     )
-    async with (
-        Client(overlay.endpoints("b0"), client_id="pad-pub") as pad_pub,
-        Client(overlay.endpoints("b3"), client_id="padding") as padder,
-        contextlib.AsyncExitStack() as stack,
-    ):
-        await pad_pub.advertise("class = 'pad'")  # the padding is routed toward b0
-        for i in range(PADDING):
-            filter_text = f"class = 'pad' and tag = 'subscription number {i:05d}'"
-            await stack.enter_async_context(padder.subscribe(filter_text))
-        stream = Stream()
-        await stream_until(overlay, stream, lambda: applied_rounds(overlay) >= 1, timeout=25)
+    stream = Stream()
+    await stream_until_padded(
+        overlay, stream, lambda: applied_rounds(overlay) >= 1, timeout=25, padding=PADDING
+    )
     assert await asyncio.to_thread(applied_rounds, overlay) >= 1
     await asyncio.to_thread(assert_exactly_once_in_order, overlay, stream)
     for name in overlay.brokers:
