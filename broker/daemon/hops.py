@@ -130,9 +130,10 @@ class VNHop:
         self._votes: dict[Entry, set[str]] = {}
         self._entries: dict[tuple[str, str], set[Entry]] = {}
         self._said: dict[tuple[str, str], dict[str, Entry]] = {}
-        # member -> its latest words that have not reached the quorum yet; and those of
-        # them it announced since its last routing wave (what its next wave waits for)
-        self._unsettled: dict[str, set[Entry]] = {}
+        # member -> its latest words that have not reached the quorum yet, each with what
+        # it is charged; and those of them it announced since its last routing wave (what
+        # its next wave waits for)
+        self._unsettled: dict[str, dict[Entry, int]] = {}
         self._fresh: dict[str, set[Entry]] = {}
         # The VN's replicas once a membership change named them (None: as configured):
         # only their words count.
@@ -181,13 +182,16 @@ class VNHop:
         before = said.get(member) if said is not None else None
         if before == entry:
             return False
+        cost: int | None = None
         if kind == base and len(self._votes.get(entry, ())) + 1 < self.quorum:
             # (a withdrawal is never refused: it replaces a word of the member's own, one
             # per entry it announced, and refusing it would leave that entry in force)
+            cost = entry_cost(entry)
             charged = self._pending_bytes.get(member, 0)
-            if before is not None and before in self._unsettled.get(member, ()):
-                charged -= entry_cost(before)  # (replaced: a withdrawal frees its addition)
-            if charged + entry_cost(entry) > self.vote_budget:
+            if before is not None:
+                # (replaced: a withdrawal frees its addition)
+                charged -= self._unsettled.get(member, {}).get(before, 0)
+            if charged + cost > self.vote_budget:
                 raise LimitExceeded(
                     f"routing entries of {member} that no majority of VN {self.peer_id} "
                     f"sent yet take more than max_vote_bytes_per_source = "
@@ -205,9 +209,11 @@ class VNHop:
             self._entries.setdefault((kind, key), set()).add(entry)
         voters.add(member)
         if len(voters) < self.quorum:
-            self._unsettled.setdefault(member, set()).add(entry)
+            if cost is None:
+                cost = entry_cost(entry)
+            self._unsettled.setdefault(member, {})[entry] = cost
             self._fresh.setdefault(member, set()).add(entry)
-            self._pending_bytes[member] = self._pending_bytes.get(member, 0) + entry_cost(entry)
+            self._pending_bytes[member] = self._pending_bytes.get(member, 0) + cost
         elif len(voters) == self.quorum:
             for voter in voters:
                 self._settle(voter, entry)
@@ -272,7 +278,7 @@ class VNHop:
     def unsettled(self, member: str, entries: frozenset[Entry]) -> bool:
         """Whether any of ``entries`` is still ``member``'s word and lacks the quorum."""
         pending = self._unsettled.get(member)
-        return pending is not None and not pending.isdisjoint(entries)
+        return pending is not None and not pending.keys().isdisjoint(entries)
 
     def pending_bytes(self, member: str) -> int:
         """Bytes ``member``'s words that lack the quorum are charged."""
@@ -281,17 +287,18 @@ class VNHop:
     def _settle(self, member: str, entry: Entry) -> None:
         unsettled = self._unsettled.get(member)
         if unsettled is not None and entry in unsettled:
-            left = self._pending_bytes[member] - entry_cost(entry)
+            left = self._pending_bytes[member] - unsettled.pop(entry)
             if left > 0:
                 self._pending_bytes[member] = left
             else:
                 del self._pending_bytes[member]
-        for table in (self._unsettled, self._fresh):
-            pending = table.get(member)
-            if pending is not None:
-                pending.discard(entry)
-                if not pending:
-                    del table[member]
+            if not unsettled:
+                del self._unsettled[member]
+        fresh = self._fresh.get(member)
+        if fresh is not None:
+            fresh.discard(entry)
+            if not fresh:
+                del self._fresh[member]
 
     def has_quorum(self, entry: Entry) -> bool:
         """Whether ``entry`` is the latest word of a majority of the VN's replicas."""
