@@ -65,20 +65,26 @@ def hello(
 class Unread:
     """A client that sends requests and never reads a reply: one PUBLISH again and again,
     each answered with an ERROR several times its size (a repeated seq). Or, with
-    ``control``, a broker's control connection asking ``neighbours`` again and again."""
+    ``control``, a broker's control connection asking ``neighbours`` again and again; or,
+    with ``link``, a neighbour broker's link sending PINGs."""
 
-    def __init__(self, host: str, port: int, client_id: str, control: bool = False) -> None:
+    def __init__(
+        self, host: str, port: int, client_id: str, control: bool = False, link: bool = False
+    ) -> None:
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         self.sock.settimeout(2.0)
         self.sock.connect((host, port))
         role, options = (Role.BROKER, {"control": True}) if control else (Role.CLIENT, {})
+        if link:
+            role, options = Role.BROKER, {}
         self.sock.sendall(encode(Hello(PROTOCOL_VERSION, role, client_id, options)))
-        self.request = (
-            encode(Reconf("neighbours", {}))
-            if control
-            else encode(Publish(1, 1, {"class": "unread"}, b""))
-        )
+        if control:
+            self.request = encode(Reconf("neighbours", {}))
+        elif link:
+            self.request = encode(Ping(1))
+        else:
+            self.request = encode(Publish(1, 1, {"class": "unread"}, b""))
 
     def flood(self, requests: int) -> int:
         """Send up to ``requests`` requests, until the broker stops reading them (a send

@@ -734,7 +734,10 @@ class Connection(asyncio.Protocol):
                     raise ProtocolError(f"RECONF {op} is not valid on a broker link")
                 broker.reconfig.marker(self.peer_id, data)
             case Ping(token):
-                self.send(Pong(token))
+                # A link is read whatever is queued to it: one that PINGs and never reads
+                # had a PONG queued for each. What is queued shows this broker alive.
+                if not self.congested:
+                    self.send(Pong(token))
             case Pong():
                 pass
             case Error(_, code, message):

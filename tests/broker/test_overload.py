@@ -222,6 +222,35 @@ async def test_a_control_connection_that_never_reads_its_answers_is_not_read_eit
 
 
 @pytest.mark.slow
+async def test_a_neighbour_that_pings_and_never_reads_gets_no_pongs_past_the_limit(
+    run_broker: Callable[..., BrokerProcess],
+) -> None:
+    """A broker link is read whatever is queued to it (two neighbours congested toward
+    each other must not stop reading each other), so a neighbour that sent PINGs and never
+    read had a PONG queued for each, without bound (3,000,000 PINGs: 17 MiB more). While
+    more than ``send_buffer_limit`` is queued to a link it gets no PONG: what is queued
+    shows the broker alive once the neighbour reads again. (The congested link holds this
+    broker's publishers back meanwhile, as any f = 0 link that stops reading does.)"""
+    broker = run_broker(
+        "zz-pings",
+        admin_port=0,
+        send_buffer_limit=64 * 1024,
+        neighbours=[{"id": "x", "endpoint": "127.0.0.1:9", "vn": "x"}],
+    )
+    watch = MemoryWatch([broker.pid])
+    unread = Unread(broker.host, broker.port, "x", link=True)
+    try:
+        sent = await asyncio.to_thread(unread.flood, 3_000_000)
+        before, peak, _ = watch.finish()[broker.pid]
+        health = fetch_json(f"http://{broker.host}:{broker.admin_port}/healthz")
+        assert sent == 3_000_000, sent  # a link is read all along
+        assert peak - before < 8 * 1024, (before, peak)  # KiB: not the 17 MiB of PONGs
+        assert "x" in health["links"], health
+    finally:
+        unread.close()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("weight_in", ["payload", "attributes"])
 async def test_a_replica_sending_lone_copies_for_ever_new_publishers_fills_only_its_budget(
     run_broker: Callable[..., BrokerProcess], weight_in: str
