@@ -117,6 +117,10 @@ RECENT_SHARES = 1024
 again after a loss: the keys of the last 128 confidential publications over a path of three
 VNs of three replicas (9 leaves per edge replica)."""
 
+LOGGED_BLAMES = 100
+"""Blames of one culprit written to the broker's log before only every 10,000th is (all are
+counted in ``trellis_share_blame_total`` and kept in the traffic log)."""
+
 SILENCE_DEADLINE = 3.0
 """Seconds after an epoch's content was routed here by which every upstream replica must
 have sent a share of it; one that sent none is blamed as silent."""
@@ -419,8 +423,19 @@ class SecureForwarding:
         stats = self.stats
         if sender is not None:
             stats.bad_shares += 1
-        stats.blamed[broker] = stats.blamed.get(broker, 0) + 1
-        log.warning("share of %s/%d rejected: %s: %s", key[0], key[1], broker, detail)
+        blamed = stats.blamed[broker] = stats.blamed.get(broker, 0) + 1
+        # Each blame is counted and in the traffic log; the log file gets a culprit's first
+        # LOGGED_BLAMES and every 10,000th after (a flood of bad shares must not flood it).
+        if blamed <= LOGGED_BLAMES or blamed % 10_000 == 0:
+            log.warning(
+                "share of %s/%d rejected: %s: %s (%d blamed on %s so far)",
+                key[0],
+                key[1],
+                broker,
+                detail,
+                blamed,
+                broker,
+            )
         self.log_share(key[0], key[1], sender, broker, detail)
 
     def over_budget(self, key: tuple[str, int], sender: str) -> None:
@@ -456,10 +471,12 @@ class SecureForwarding:
         self, key: tuple[str, int], inbox: ShareInbox, record: ShareRecord, sender: str
     ) -> None:
         """Hold a verified share and pass it on; blame the sender of a bad one."""
-        before = len(inbox.blames)
         if not inbox.offer(record, sender):
-            for blame in inbox.blames[before:]:
+            for blame in inbox.blames:
                 self.blame(key, blame.broker, f"{blame.fault}: {blame.detail}", sender)
+            # Reported: the inbox lives as long as the epoch, and a sender repeating bad
+            # shares for it grew the list without bound.
+            inbox.blames.clear()
             return
         self.log_share(key[0], key[1], sender, None, None)
         entry = (record, inbox, sender)

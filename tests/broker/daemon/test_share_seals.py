@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -272,3 +273,25 @@ def test_a_publish_whose_signature_fails_is_refused_and_counted(tmp_path: Path) 
     problem = forwarding.check_publish("pub", Publish(2, 5, {"class": "q"}, bent, sec))
     assert problem == "the publisher signature does not verify"
     assert forwarding.stats.bad_signatures == 1
+
+
+async def test_a_sender_of_endless_bad_shares_for_one_epoch_leaves_no_blames_behind(
+    edge: Edge, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each bad share is blamed as it comes (counted, and in the traffic log); the epoch's
+    inbox kept every blame too, for as long as the epoch, and each was a line in the
+    broker's log, so a Byzantine sender repeating bad shares for one publication grew both
+    without bound. The log now gets a culprit's first ``LOGGED_BLAMES``."""
+    records = edge.shares_for_b0(1)
+    sub = await relay(edge, 1, records)
+    assert sub.shares() == 3
+    with caplog.at_level(logging.WARNING, logger=shares_module.log.name):
+        for _ in range(500):  # a.0's share, sent again by a.1, who did not split it
+            edge.forwarding.share_arrived("pub", 1, records["a.0"], "a.1")
+        await turns()
+    assert edge.forwarding.stats.blamed == {"a.1": 500}
+    inboxes = edge.forwarding.inboxes[("pub", 1)].values()
+    assert sum(len(inbox.blames) for inbox in inboxes) == 0
+    logged = [r for r in caplog.records if "rejected: a.1" in r.getMessage()]
+    assert len(logged) == shares_module.LOGGED_BLAMES
+    assert "(100 blamed on a.1 so far)" in logged[-1].getMessage()
