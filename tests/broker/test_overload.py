@@ -55,6 +55,20 @@ from tests.wire import RawPeer
 WITNESS_IDLE = 60.0
 
 
+def beside_vn_x(
+    run_broker: Callable[..., BrokerProcess], name: str, **limits: int
+) -> BrokerProcess:
+    """A broker whose neighbour is VN x of three replicas (none running: the test speaks
+    for x.0), flooded by x.0 for a long time before its witness is used (WITNESS_IDLE)."""
+    vn_x = [
+        {"id": f"x.{i}", "endpoint": "127.0.0.1:9", "vn": "x", "replica": i, "vn_size": 3}
+        for i in range(3)
+    ]
+    return run_broker(
+        name, admin_port=0, neighbours=vn_x, heartbeat_interval=WITNESS_IDLE, **limits
+    )
+
+
 @pytest.mark.slow
 async def test_a_publisher_held_back_by_a_congested_link_is_not_closed_as_silent(
     run_broker: Callable[..., BrokerProcess],
@@ -262,17 +276,7 @@ async def test_a_replica_sending_lone_copies_for_ever_new_publishers_fills_only_
     are refused and it is blamed once as flooding, and a client is served meanwhile. A copy
     is charged its attributes too (it was charged its payload alone: 64 KiB of attributes
     came for 256 bytes)."""
-    vn_x = [
-        {"id": f"x.{i}", "endpoint": "127.0.0.1:9", "vn": "x", "replica": i, "vn_size": 3}
-        for i in range(3)
-    ]
-    broker = run_broker(
-        "zz-lone",
-        admin_port=0,
-        neighbours=vn_x,
-        max_copy_bytes_per_source=4 << 20,
-        heartbeat_interval=WITNESS_IDLE,
-    )
+    broker = beside_vn_x(run_broker, "zz-lone", max_copy_bytes_per_source=4 << 20)
     witness = Witness(broker.host, broker.port)
     watch = MemoryWatch([broker.pid])
     peer = await RawPeer.connect(f"{broker.host}:{broker.port}")
@@ -308,17 +312,7 @@ async def test_a_replica_announcing_entries_no_majority_sends_fills_only_its_bud
     good. Past ``max_vote_bytes_per_source`` the replica's new entries are refused with
     ``limit_exceeded`` (its link stays), the broker's memory stays bounded and a client is
     served meanwhile."""
-    vn_x = [
-        {"id": f"x.{i}", "endpoint": "127.0.0.1:9", "vn": "x", "replica": i, "vn_size": 3}
-        for i in range(3)
-    ]
-    broker = run_broker(
-        "zz-votes",
-        admin_port=0,
-        neighbours=vn_x,
-        max_vote_bytes_per_source=4 << 20,
-        heartbeat_interval=WITNESS_IDLE,
-    )
+    broker = beside_vn_x(run_broker, "zz-votes", max_vote_bytes_per_source=4 << 20)
     witness = Witness(broker.host, broker.port)
     watch = MemoryWatch([broker.pid])
     peer = await RawPeer.connect(f"{broker.host}:{broker.port}")
