@@ -2245,7 +2245,10 @@ class Client:
                 if not link.welcome.done():
                     link.welcome.set_result(msg)
             case Ping(token):
-                link.send(Pong(token))
+                # Not while the link's writes wait: a broker that PINGs and never reads
+                # had a PONG queued for each, and what is queued shows this client alive.
+                if link.can_write.is_set():
+                    link.send(Pong(token))
             case Notice("dropped", data):
                 for sid, count in dict(data.get("subscriptions", {})).items():
                     sub = self._subscriptions.get(sid)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from broker.wire.protocol import (
     Hello,
     MsgType,
     Notice,
+    Ping,
     Subscribe,
     Unsubscribe,
     Welcome,
@@ -96,6 +98,44 @@ async def assert_welcome_refused(options: dict[str, object], match: str) -> None
             await client.connect()
     finally:
         await client.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_broker_that_pings_and_never_reads_gets_no_pongs_past_the_write_buffer() -> None:
+    """A broker (a Byzantine edge replica, say) that sent PINGs and never read had a PONG
+    queued in the client for each, without bound. While the link's write buffer is full
+    (the transport paused writing) a PING gets no PONG: the broker reads nothing anyway."""
+    pings = encode(Ping(1)) * 100_000
+    flooded = asyncio.Event()
+    done = asyncio.Event()
+
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        try:
+            await reader.read(4096)  # the HELLO; nothing is read after it
+            writer.write(encode(Welcome(PROTOCOL_VERSION, "b0", {})))
+            for _ in range(20):  # 2,000,000 PINGs, 14 MB
+                writer.write(pings)
+                await writer.drain()
+            flooded.set()
+            await done.wait()
+        finally:
+            writer.transport.abort()
+
+    server = await asyncio.start_server(flood, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with Client(f"127.0.0.1:{port}", connect_timeout=5) as client:
+            await asyncio.wait_for(flooded.wait(), 60)
+            await asyncio.sleep(0.2)
+            (link,) = client._links.values()
+            assert link.transport is not None
+            queued = link.out_bytes + link.transport.get_write_buffer_size()
+            assert queued < 1 << 20, queued  # bytes: not the 14 MB of PONGs
+            done.set()
+    finally:
+        done.set()
         server.close()
         await server.wait_closed()
 
