@@ -518,6 +518,12 @@ per replica); counted as :data:`ENTRY_OVERHEAD` plus 32 per commitment for an en
 ENTRY_OVERHEAD = 160
 LEAF_OVERHEAD = 256
 
+
+def _entry_cost(entry: Entry) -> int:
+    """What a statement's entry held for a publication counts (:data:`ENTRY_OVERHEAD`)."""
+    return ENTRY_OVERHEAD + _DIGEST * len(entry.commitments)
+
+
 CHARGED_MEMORY = 8192
 """Publications with leaves an :class:`Assembly` holds at most, the least recently added
 to going first: a subscriber keeps the key assemblies of 4,096 epochs and each publisher's
@@ -577,9 +583,7 @@ class Assembly:
             return
         entries, leaves, unclaimed = self._entries, self._leaves, self._unclaimed
         claimed = [
-            (entry, ENTRY_OVERHEAD + _DIGEST * len(entry.commitments))
-            for entry in statement.entries
-            if entry.pub_id in leaves
+            (entry, _entry_cost(entry)) for entry in statement.entries if entry.pub_id in leaves
         ]
         if claimed and self._charged.get(sender, 0) + sum(c for _, c in claimed) > (
             self.held_budget
@@ -594,11 +598,10 @@ class Assembly:
             pub_id = entry.pub_id
             if epoch_of(pub_id) is None:
                 continue  # no publication's: nothing could ever let it go
-            if pub_id in leaves:
-                entries[pub_id].append((statement, entry))
-                continue
-            cost = ENTRY_OVERHEAD + _DIGEST * len(entry.commitments)
             entries[pub_id].append((statement, entry))
+            if pub_id in leaves:
+                continue  # (charged above)
+            cost = _entry_cost(entry)
             unclaimed[pub_id] = unclaimed.get(pub_id, 0) + cost
             self._unclaimed_bytes += cost
             while len(unclaimed) > UNCLAIMED_MEMORY or self._unclaimed_bytes > UNCLAIMED_BYTES:

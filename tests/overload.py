@@ -75,16 +75,16 @@ class Unread:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         self.sock.settimeout(2.0)
         self.sock.connect((host, port))
-        role, options = (Role.BROKER, {"control": True}) if control else (Role.CLIENT, {})
-        if link:
-            role, options = Role.BROKER, {}
-        self.sock.sendall(encode(Hello(PROTOCOL_VERSION, role, client_id, options)))
         if control:
+            hello = Hello(PROTOCOL_VERSION, Role.BROKER, client_id, {"control": True})
             self.request = encode(Reconf("neighbours", {}))
         elif link:
+            hello = Hello(PROTOCOL_VERSION, Role.BROKER, client_id, {})
             self.request = encode(Ping(1))
         else:
+            hello = Hello(PROTOCOL_VERSION, Role.CLIENT, client_id, {})
             self.request = encode(Publish(1, 1, {"class": "unread"}, b""))
+        self.sock.sendall(encode(hello))
 
     def flood(self, requests: int) -> int:
         """Send up to ``requests`` requests, until the broker stops reading them (a send
