@@ -122,14 +122,20 @@ def _start(
 
 
 def start_mosquitto(
-    workdir: Path, *, host: str = "127.0.0.1", port: int = 0, timeout: float = 10.0
+    workdir: Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    timeout: float = 10.0,
+    extra: str = "",
 ) -> PeerProcess:
-    """Start a private Mosquitto with its default limits, anonymous access, on `host`:`port`."""
+    """Start a private Mosquitto with its default limits, anonymous access, on `host`:`port`;
+    ``extra`` is appended to its config (a bridge, say)."""
     binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port(host)
     config = workdir / f"mosquitto-{port}.conf"
-    config.write_text(f"listener {port} {host}\nallow_anonymous true\n", encoding="utf-8")
+    config.write_text(f"listener {port} {host}\nallow_anonymous true\n{extra}", encoding="utf-8")
     return _start(
         "mosquitto", [binary, "-c", str(config)], workdir, host=host, port=port, timeout=timeout
     )
