@@ -106,11 +106,12 @@ from security.agreement import (
 from security.envelope import Signer
 from security.pass_keys import PassKeys
 from security.pass_shares import Held, PassStatement, root_holdings, split_bytes, split_pass
-from security.paths import KeyAssembly
+from security.paths import KeyAssembly, RecordAllowance
 from security.propagation import (
     ChainVerifier,
     LinkCertsIn,
     PropagationError,
+    ShareRecord,
     pack_record,
     reconstruct,
     unpack_record,
@@ -907,6 +908,8 @@ class Client:
         # Key shares by the pass this client was handed (any publisher's), and the serial
         # of the root passes it splits.
         self._passes = PassKeys()
+        # What record-form shares each relay has this client hold (bounded per relay).
+        self._records = RecordAllowance()
         if share_form not in ("record", "pass"):
             raise InvalidRequest(f"share_form must be 'record' or 'pass', got {share_form!r}")
         self.share_form = share_form
@@ -1966,9 +1969,9 @@ class Client:
     def _bound_assemblies(self) -> None:
         assemblies = self._assemblies
         while len(assemblies) > _KEY_MEMORY:
-            (old_publisher, old_seq), old = assemblies.popitem(last=False)
-            if self._current_epochs.get(old_publisher) is not old:
-                self._passes.forget(old_publisher, old_seq)
+            _, old = assemblies.popitem(last=False)
+            if self._current_epochs.get(old.publisher) is not old:
+                self._forget(old)
 
     def _await_key(self, publisher: str, epoch: int) -> None:
         """An agreed delivery of ``epoch`` waits to be handed out: its assembly is kept
@@ -2026,7 +2029,12 @@ class Client:
         layer holds for it goes too (its leaves and entries, charged to their relays)."""
         key = (assembly.publisher, assembly.seq)
         if key not in self._assemblies and key not in self._awaited:
-            self._passes.forget(*key)
+            self._forget(assembly)
+
+    def _forget(self, assembly: KeyAssembly) -> None:
+        """Nothing keeps ``assembly`` any more: what its shares held (either form) goes."""
+        self._passes.forget(assembly.publisher, assembly.seq)
+        self._records.release(assembly)
 
     def _blame_copies(self, blames: list[Blame[int]]) -> None:
         for blame in blames:
@@ -2041,8 +2049,13 @@ class Client:
             if isinstance(record, PropagationError):
                 log.warning("malformed key share from broker %s: %s", link.broker_id, record)
                 continue
-            assembly = self._assembly(publisher, seq)
-            assembly.add(link.broker_id, record)
+            self._take_record(link, publisher, seq, record)
+
+    def _take_record(self, link: _Link, publisher: str, seq: int, record: ShareRecord) -> None:
+        """Hold a record-form share within its relay's allowance (:class:`RecordAllowance`)."""
+        assembly = self._assembly(publisher, seq)
+        relay = link.broker_id or f"replica #{link.index}"
+        if self._records.take(assembly, relay, record):
             self._arrived[publisher, seq] = assembly
 
     def _leaves_arrived(self, link: _Link, msg: Leaves) -> None:
@@ -2060,9 +2073,7 @@ class Client:
         except PropagationError as exc:
             log.warning("malformed key share from broker %s: %s", link.broker_id, exc)
             return
-        assembly = self._assembly(msg.publisher, msg.seq)
-        assembly.add(link.broker_id, record)
-        self._arrived[msg.publisher, msg.seq] = assembly
+        self._take_record(link, msg.publisher, msg.seq, record)
 
     def _recover_arrived(self) -> None:
         """Try the epochs whose shares came in this loop iteration's reads, once each (a

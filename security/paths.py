@@ -243,9 +243,19 @@ class KeyAssembly:
     # the epoch's shares travel by the pass: who recovers its key from them, and where
     passes: PassRecovery | None = None
     _holder_vn: str | None = None
+    # record-form shares held, and the bytes charged to each relay (RecordAllowance)
+    _held: set[tuple[str, ShareRecord]] = field(default_factory=set)
+    charges: dict[str, int] = field(default_factory=dict)
 
-    def add(self, sender: str, record: ShareRecord) -> None:
-        self.shares.append((sender, record))
+    def add(self, sender: str, record: ShareRecord) -> bool:
+        """Hold ``record`` as ``sender`` relayed it; False if it already was (a resumed
+        session is handed its last shares again)."""
+        held = (sender, record)
+        if held in self._held:
+            return False
+        self._held.add(held)
+        self.shares.append(held)
+        return True
 
     def recover(self, manifest: Membership, holder_vn: str, *, audit: bool = True) -> bytes | None:
         """Sort new shares by the path they claim, then try every path a majority of the
@@ -405,6 +415,82 @@ class KeyAssembly:
             path.audited = False
             self._try(path)
         return self.open(seq, attrs, sealed) if self.key is not None else None
+
+
+RECORD_BUDGET = 64 << 20
+"""Bytes of record-form key shares (:func:`record_cost`) one relay may have a subscriber hold,
+over every epoch it keeps."""
+
+RECORD_OVERHEAD = 160
+"""Bytes a held record is charged beyond its fields (objects, tuple, list and set slots)."""
+
+CERT_OVERHEAD = 200
+"""Bytes a certificate is charged beyond its commitments, proof and signature."""
+
+
+def record_cost(record: ShareRecord) -> int:
+    """What holding ``record`` is charged: its fields and every certificate above it. A
+    certificate several records name is charged to each (a bound, not a measurement: 3
+    VNs of 3 replicas charge about 1.1 kB per leaf, 40 MB for the 4,096 epochs a client
+    keeps, within :data:`RECORD_BUDGET`)."""
+    cost = RECORD_OVERHEAD + len(record.pub_id) + len(record.salt) + len(record.data)
+    for cert in record.certs:
+        cost += CERT_OVERHEAD + len(cert.pub_id) + len(cert.signature) + len(cert.parent)
+        cost += 32 * (len(cert.commitments) + len(cert.proof))
+    return cost
+
+
+class RecordAllowance:
+    """The record-form shares each relay has a subscriber hold, in bytes, over all epochs.
+
+    A subscriber keeps an epoch's shares until the epoch is let go (the client keeps 4,096),
+    and took every record a relay sent: one relay repeating records for an epoch, or
+    forging new ones, grew that epoch's assembly without bound (until 2026-12-02; the pass
+    form's leaves were bounded per relay since 2026-11-29). Past :data:`RECORD_BUDGET` a
+    relay's further records are refused and counted (:attr:`refused`); the other relays'
+    shares still give the key (``k`` of every split suffice), and :meth:`release` frees
+    an epoch's charges once the client lets it go."""
+
+    def __init__(self, budget: int = RECORD_BUDGET) -> None:
+        self.budget = budget
+        self._charged: dict[str, int] = {}
+        self.refused: dict[str, int] = {}
+
+    def take(self, assembly: KeyAssembly, relay: str, record: ShareRecord) -> bool:
+        """Hold ``record`` in ``assembly`` if ``relay`` has room; True if it was taken
+        (False: refused, or held already)."""
+        cost = record_cost(record)
+        charged = self._charged.get(relay, 0)
+        if charged + cost > self.budget:
+            refused = self.refused[relay] = self.refused.get(relay, 0) + 1
+            if refused == 1:
+                log.warning(
+                    "relay %s has key shares of %d bytes held here (at most %d): its "
+                    "further record-form shares are refused",
+                    relay,
+                    charged,
+                    self.budget,
+                )
+            return False
+        if not assembly.add(relay, record):
+            return False
+        self._charged[relay] = charged + cost
+        assembly.charges[relay] = assembly.charges.get(relay, 0) + cost
+        return True
+
+    def release(self, assembly: KeyAssembly) -> None:
+        """``assembly``'s epoch is let go: what it held no longer counts."""
+        for relay, cost in assembly.charges.items():
+            left = self._charged.get(relay, 0) - cost
+            if left > 0:
+                self._charged[relay] = left
+            else:
+                self._charged.pop(relay, None)
+        assembly.charges.clear()
+
+    def charged(self, relay: str) -> int:
+        """Bytes of ``relay``'s shares held now."""
+        return self._charged.get(relay, 0)
 
 
 def _enough(shares: list[tuple[str, ShareRecord]], view: PathView) -> bool:

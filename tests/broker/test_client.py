@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -28,6 +29,8 @@ from broker.wire.protocol import (
     MsgType,
     Notice,
     Ping,
+    Pong,
+    Share,
     Subscribe,
     Unsubscribe,
     Welcome,
@@ -135,6 +138,63 @@ async def test_a_broker_that_pings_and_never_reads_gets_no_pongs_past_the_write_
             assert queued < 1 << 20, queued  # bytes: not the 14 MB of PONGs
     finally:
         done.set()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_broker_sending_endless_record_shares_for_one_epoch_fills_only_its_allowance() -> (
+    None
+):
+    """An edge replica (a Byzantine one) sending forged record-form shares for one epoch,
+    again and again, grew the client's key assembly without bound (until 2026-12-02): past
+    its allowance the rest are refused, and a record sent twice is held once."""
+    from security.envelope import Signer
+    from security.paths import record_cost
+    from security.propagation import pack_record, publisher_split
+    from security.publication import publication_id
+
+    budget = 64 * 1024
+    (genuine, *_) = publisher_split(
+        os.urandom(32), 2, 3, Signer.generate("pub"), publication_id("pub", 1)
+    )
+    budget_set = asyncio.Event()
+    answered = asyncio.Event()
+
+    async def forge(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        decoder = FrameDecoder()
+        try:
+            await reader.read(4096)  # the HELLO
+            writer.write(encode(Welcome(PROTOCOL_VERSION, "b0", {})))
+            await budget_set.wait()
+            again = encode(Share("pub", 1, pack_record(genuine)))
+            for _ in range(3000):
+                forged = dataclasses.replace(genuine, data=os.urandom(len(genuine.data)))
+                writer.write(encode(Share("pub", 1, pack_record(forged))) + again)
+            writer.write(encode(Ping(7)))
+            await writer.drain()
+            while not answered.is_set():  # the PONG: every share before it was read
+                data = await reader.read(65536)
+                if not data:
+                    return
+                if any(isinstance(msg, Pong) for msg in decoder.feed(data)):
+                    answered.set()
+        finally:
+            writer.transport.abort()
+
+    server = await asyncio.start_server(forge, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with Client(f"127.0.0.1:{port}", connect_timeout=5) as client:
+            client._records.budget = budget
+            budget_set.set()
+            await asyncio.wait_for(answered.wait(), 60)
+            held = client._records.charged("b0")
+            assert 0 < held <= budget
+            assert client._records.refused["b0"] > 2000
+            assembly = client._assembly("pub", 1)
+            assert len(assembly.shares) * record_cost(genuine) == held  # not 6,000 of them
+            assert sum(1 for _, record in assembly.shares if record == genuine) == 1
+    finally:
         server.close()
         await server.wait_closed()
 

@@ -257,3 +257,37 @@ def test_a_fault_hashing_shows_brings_the_full_audit_and_its_blame(monkeypatch: 
     assert path.audited
     assert path.verifier is not None
     assert assembly.culprits == frozenset({"b.2"})
+
+
+def test_a_relay_repeating_or_forging_records_fills_only_its_own_allowance() -> None:
+    """A subscriber held every record-form share a relay sent until the epoch was let go: a
+    Byzantine relay sending forged records for one epoch again and again grew it without
+    bound (until 2026-12-02). Its records are charged to it, refused past the budget, the
+    honest relays' shares still give the key, a record sent twice is held once, and letting
+    the epoch go frees the allowance."""
+    import os
+
+    from security.paths import KeyAssembly, RecordAllowance, record_cost
+
+    manifest, sec, _, leaves, secret = _two_vn_world()
+    budget = 64 * 1024
+    allowance = RecordAllowance(budget)
+    assembly = KeyAssembly("pub", 1, sec=sec)
+    own = next(leaf for leaf in leaves if leaf.lineage[-1] == 2)
+    taken = sum(
+        allowance.take(assembly, "b.2", dataclasses.replace(own, data=os.urandom(len(own.data))))
+        for _ in range(2000)
+    )
+    assert allowance.charged("b.2") <= budget
+    assert taken == allowance.charged("b.2") // record_cost(own) < 2000
+    assert allowance.refused["b.2"] == 2000 - taken
+    for leaf in leaves:
+        holder = f"b.{leaf.lineage[-1]}"
+        if holder != "b.2":
+            assert allowance.take(assembly, holder, leaf)
+            assert not allowance.take(assembly, holder, leaf)  # again: held once
+    assert allowance.charged("b.0") == 3 * record_cost(own)
+    assert assembly.recover(manifest, "b") == secret
+    allowance.release(assembly)
+    assert allowance.charged("b.2") == allowance.charged("b.0") == 0
+    assert allowance.take(KeyAssembly("pub", 2, sec=sec), "b.2", own)
