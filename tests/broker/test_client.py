@@ -9,7 +9,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,26 +58,37 @@ def publications_in(brokers: list[BrokerProcess]) -> list[int]:
     return [fetch_json(b.admin_url + "/healthz")["publications_in"] for b in brokers]
 
 
+@contextlib.asynccontextmanager
+async def fake_broker(
+    handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+) -> AsyncIterator[str]:
+    """A stand-in broker on a free loopback port running ``handler`` per connection; its
+    endpoint, for a client to connect to."""
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    try:
+        yield f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
 async def test_connect_timeout_really_bounds_the_first_connect() -> None:
     accepted: list[asyncio.StreamWriter] = []
 
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         accepted.append(writer)  # accepts, never answers HELLO
 
-    server = await asyncio.start_server(silent, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    client = Client(f"127.0.0.1:{port}", connect_timeout=0.5)
-    started = time.monotonic()
-    try:
-        with pytest.raises(
-            TrellisTimeout, match=r"could not connect .*sent no WELCOME.*within 0.5 s"
-        ):
-            await client.connect()
-    finally:
-        for writer in accepted:
-            writer.close()
-        server.close()
-        await server.wait_closed()
+    async with fake_broker(silent) as endpoint:
+        client = Client(endpoint, connect_timeout=0.5)
+        started = time.monotonic()
+        try:
+            with pytest.raises(
+                TrellisTimeout, match=r"could not connect .*sent no WELCOME.*within 0.5 s"
+            ):
+                await client.connect()
+        finally:
+            for writer in accepted:
+                writer.close()
     assert time.monotonic() - started < 2.0
     assert client.status is Status.DISCONNECTED
 
@@ -93,16 +104,13 @@ async def assert_welcome_refused(options: dict[str, object], match: str) -> None
         await reader.read()
         writer.close()
 
-    server = await asyncio.start_server(welcome, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    client = Client(f"127.0.0.1:{port}", connect_timeout=1)
-    try:
-        with pytest.raises(TrellisError, match=match):
-            await client.connect()
-    finally:
-        await client.close()
-        server.close()
-        await server.wait_closed()
+    async with fake_broker(welcome) as endpoint:
+        client = Client(endpoint, connect_timeout=1)
+        try:
+            with pytest.raises(TrellisError, match=match):
+                await client.connect()
+        finally:
+            await client.close()
 
 
 async def test_a_broker_that_pings_and_never_reads_gets_no_pongs_past_the_write_buffer() -> None:
@@ -126,20 +134,17 @@ async def test_a_broker_that_pings_and_never_reads_gets_no_pongs_past_the_write_
         finally:
             writer.transport.abort()
 
-    server = await asyncio.start_server(flood, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        async with Client(f"127.0.0.1:{port}", connect_timeout=5) as client:
-            await asyncio.wait_for(flooded.wait(), 60)
-            await asyncio.sleep(0.2)
-            (link,) = client._links.values()
-            assert link.transport is not None
-            queued = link.out_bytes + link.transport.get_write_buffer_size()
-            assert queued < 1 << 20, queued  # bytes: not the 14 MB of PONGs
-    finally:
-        done.set()
-        server.close()
-        await server.wait_closed()
+    async with fake_broker(flood) as endpoint:
+        try:
+            async with Client(endpoint, connect_timeout=5) as client:
+                await asyncio.wait_for(flooded.wait(), 60)
+                await asyncio.sleep(0.2)
+                (link,) = client._links.values()
+                assert link.transport is not None
+                queued = link.out_bytes + link.transport.get_write_buffer_size()
+                assert queued < 1 << 20, queued  # bytes: not the 14 MB of PONGs
+        finally:
+            done.set()
 
 
 async def test_a_broker_sending_endless_record_shares_for_one_epoch_fills_only_its_allowance() -> (
@@ -181,22 +186,16 @@ async def test_a_broker_sending_endless_record_shares_for_one_epoch_fills_only_i
         finally:
             writer.transport.abort()
 
-    server = await asyncio.start_server(forge, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        async with Client(f"127.0.0.1:{port}", connect_timeout=5) as client:
-            client._records.budget = budget
-            budget_set.set()
-            await asyncio.wait_for(answered.wait(), 60)
-            held = client._records.charged("b0")
-            assert 0 < held <= budget
-            assert client._records.refused["b0"] > 2000
-            assembly = client._assembly("pub", 1)
-            assert len(assembly.shares) * record_cost(genuine) == held  # not 6,000 of them
-            assert sum(1 for _, record in assembly.shares if record == genuine) == 1
-    finally:
-        server.close()
-        await server.wait_closed()
+    async with fake_broker(forge) as endpoint, Client(endpoint, connect_timeout=5) as client:
+        client._records.budget = budget
+        budget_set.set()
+        await asyncio.wait_for(answered.wait(), 60)
+        held = client._records.charged("b0")
+        assert 0 < held <= budget
+        assert client._records.refused["b0"] > 2000
+        assembly = client._assembly("pub", 1)
+        assert len(assembly.shares) * record_cost(genuine) == held  # not 6,000 of them
+        assert sum(1 for _, record in assembly.shares if record == genuine) == 1
 
 
 @pytest.mark.parametrize(
@@ -657,16 +656,11 @@ async def test_a_subscription_remembers_the_last_seq_of_recent_publishers_only()
                     writer.write(encode(Ack(msg.rid)))
         writer.close()
 
-    server = await asyncio.start_server(broker, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    client = Client(f"127.0.0.1:{port}", connect_timeout=2, max_publishers=16)
-    try:
-        await client.connect()
-        async with client.subscribe("n >= 0") as sub:
-            got = [(await sub.get(5)).attrs["n"] for _ in range(publishers)]
-            assert got == list(range(publishers))
-            assert len(sub._delivered) <= DELIVERED_MEMORY * 16
-    finally:
-        await client.close()
-        server.close()
-        await server.wait_closed()
+    async with (
+        fake_broker(broker) as endpoint,
+        Client(endpoint, connect_timeout=2, max_publishers=16) as client,
+        client.subscribe("n >= 0") as sub,
+    ):
+        got = [(await sub.get(5)).attrs["n"] for _ in range(publishers)]
+        assert got == list(range(publishers))
+        assert len(sub._delivered) <= DELIVERED_MEMORY * 16
