@@ -102,6 +102,7 @@ from security.agreement import (
     MarkRequests,
     ReplicatedStream,
     forget_idle_streams,
+    worth_logging,
 )
 from security.envelope import Signer
 from security.pass_keys import PassKeys
@@ -2040,8 +2041,15 @@ class Client:
         for blame in blames:
             link = self._links.get(blame.source)
             broker = link.broker_id if link is not None else f"replica #{blame.source}"
-            self.copy_blames[broker] = self.copy_blames.get(broker, 0) + 1
-            log.warning("publication seq %d from broker %s: %s", blame.seq, broker, blame.why)
+            blamed = self.copy_blames[broker] = self.copy_blames.get(broker, 0) + 1
+            if worth_logging(blamed):  # (all counted; a Byzantine replica must not flood)
+                log.warning(
+                    "publication seq %d from broker %s: %s (%d blamed on it so far)",
+                    blame.seq,
+                    broker,
+                    blame.why,
+                    blamed,
+                )
 
     def _shares_arrived(self, link: _Link, msg: Shares) -> None:
         """A SHARES frame: the key shares one replica relayed in one pass."""

@@ -74,6 +74,18 @@ _FIRST_RING = 8
 _ABANDONED = -1  # hash() never returns -1
 
 
+LOGGED_BLAMES = 100
+"""Blames of one culprit that are logged one by one; past them every :data:`LOGGED_EVERY`-th
+(all are counted): one Byzantine replica's bad copies or shares must not flood a log."""
+
+LOGGED_EVERY = 10_000
+
+
+def worth_logging(blamed: int) -> bool:
+    """Whether a culprit's ``blamed``-th blame goes to the log (:data:`LOGGED_BLAMES`)."""
+    return blamed <= LOGGED_BLAMES or blamed % LOGGED_EVERY == 0
+
+
 ALTERED = "altered"
 TWO_VERSIONS = "two_versions"
 FLOODING = "flooding"

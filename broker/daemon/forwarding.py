@@ -64,6 +64,7 @@ from security.agreement import (
     CopyBudget,
     ReplicatedStream,
     forget_idle_streams,
+    worth_logging,
 )
 from security.errors import InvalidRequest
 from security.publication import SecBlock
@@ -294,10 +295,21 @@ class Forwarder:
         log.info("forgot %d idle publisher streams (%d kept)", forgotten, len(self.streams))
 
     def _blame(self, stream: Copies) -> None:
+        """Count every blame (``trellis_copy_blame_total``); log a culprit's first
+        ``LOGGED_BLAMES`` and every ``LOGGED_EVERY``-th after (:func:`worth_logging`): one
+        replica altering every copy logged a line per publication at every replica below."""
         stats = self.stats
         for blame in stream.blames:
-            stats.blame_copy(blame.source, blame.fault)
-            log.warning("copy of seq %d from %s: %s", blame.seq, blame.source, blame.why)
+            blamed = stats.blame_copy(blame.source, blame.fault)
+            if worth_logging(blamed):
+                log.warning(
+                    "copy of seq %d from %s: %s (%d blamed on %s so far)",
+                    blame.seq,
+                    blame.source,
+                    blame.why,
+                    blamed,
+                    blame.source,
+                )
         stream.blames.clear()
 
     def tick(self, now: float) -> None:

@@ -52,6 +52,7 @@ from broker.daemon.stats import BrokerStats
 from broker.daemon.traffic_log import TrafficLog
 from broker.wire.protocol import Publish, Shares
 from overlay.manifest import Manifest
+from security.agreement import worth_logging
 from security.envelope import Signer, private_key_from_bytes
 from security.paths import PathVote, claimed_path, path_view
 from security.propagation import (
@@ -116,10 +117,6 @@ RECENT_SHARES = 1024
 """Share records a local client's connection keeps (the newest) for its session to be sent
 again after a loss: the keys of the last 128 confidential publications over a path of three
 VNs of three replicas (9 leaves per edge replica)."""
-
-LOGGED_BLAMES = 100
-"""Blames of one culprit written to the broker's log before only every 10,000th is (all are
-counted in ``trellis_share_blame_total`` and kept in the traffic log)."""
 
 SILENCE_DEADLINE = 3.0
 """Seconds after an epoch's content was routed here by which every upstream replica must
@@ -424,9 +421,9 @@ class SecureForwarding:
         if sender is not None:
             stats.bad_shares += 1
         blamed = stats.blamed[broker] = stats.blamed.get(broker, 0) + 1
-        # Each blame is counted and in the traffic log; the log file gets a culprit's first
-        # LOGGED_BLAMES and every 10,000th after (a flood of bad shares must not flood it).
-        if blamed <= LOGGED_BLAMES or blamed % 10_000 == 0:
+        # Each blame is counted (trellis_share_blame_total) and in the traffic log; the log
+        # file gets a culprit's first LOGGED_BLAMES and every LOGGED_EVERY-th after.
+        if worth_logging(blamed):
             log.warning(
                 "share of %s/%d rejected: %s: %s (%d blamed on %s so far)",
                 key[0],

@@ -54,6 +54,7 @@ class BrokerStats:
     blamed: dict[str, int] = field(default_factory=dict)
     # (culprit, fault) -> copies of publications blamed on an upstream replica
     copy_blamed: dict[tuple[str, str], int] = field(default_factory=dict)
+    copies_blamed: dict[str, int] = field(default_factory=dict)  # per culprit, any fault
     forwarded: dict[str, int] = field(default_factory=dict)
     messages_in: dict[str, int] = field(default_factory=dict)
     match_buckets: list[int] = field(default_factory=lambda: [0] * (len(MATCH_BUCKETS) + 1))
@@ -73,7 +74,10 @@ class BrokerStats:
         self.match_sum += seconds
         self.match_count += 1
 
-    def blame_copy(self, culprit: str, fault: str) -> None:
-        """Count a publication copy blamed on ``culprit`` (altered, silent, ...)."""
+    def blame_copy(self, culprit: str, fault: str) -> int:
+        """Count a publication copy blamed on ``culprit`` (altered, silent, ...); the
+        copies blamed on it so far, any fault."""
         key = (culprit, fault)
         self.copy_blamed[key] = self.copy_blamed.get(key, 0) + 1
+        total = self.copies_blamed[culprit] = self.copies_blamed.get(culprit, 0) + 1
+        return total

@@ -27,6 +27,7 @@ from broker.wire.protocol import Publish
 from overlay.manifest import Manifest
 from overlay.tree import line_tree
 from security import propagation
+from security.agreement import LOGGED_BLAMES
 from security.envelope import (
     Signer,
     generate_signing_key,
@@ -293,5 +294,5 @@ async def test_a_sender_of_endless_bad_shares_for_one_epoch_leaves_no_blames_beh
     inboxes = edge.forwarding.inboxes[("pub", 1)].values()
     assert sum(len(inbox.blames) for inbox in inboxes) == 0
     logged = [r for r in caplog.records if "rejected: a.1" in r.getMessage()]
-    assert len(logged) == shares_module.LOGGED_BLAMES
+    assert len(logged) == LOGGED_BLAMES
     assert "(100 blamed on a.1 so far)" in logged[-1].getMessage()

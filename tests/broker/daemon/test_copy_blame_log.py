@@ -1,0 +1,45 @@
+"""Copies blamed on a replica are all counted, and logged without flooding the log
+(:func:`security.agreement.worth_logging`), in a broker and in the SDK, in memory."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from broker.client import Client
+from broker.daemon import forwarding
+from broker.wire.protocol import Forward
+from security.agreement import ALTERED, LOGGED_BLAMES, Blame
+from tests.broker.daemon.test_held_removals import copy, forwarder_with_subscriber
+
+
+def test_a_replica_altering_every_copy_is_counted_each_time_and_logged_a_hundred_times(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """b0.2 alters every copy: each is blamed (``trellis_copy_blame_total``), but the log
+    gets its first ``LOGGED_BLAMES`` (it got a line per publication at every replica below
+    until 2026-12-02), and the publications are delivered from the honest copies."""
+    events: list[str] = []
+    forwarder, b0 = forwarder_with_subscriber(events)
+    with caplog.at_level(logging.WARNING, logger=forwarding.log.name):
+        for seq in range(1, 501):
+            forwarder.forward(b0, "b0.2", Forward("p", seq, {"class": "x"}, b"altered"))
+            forwarder.forward(b0, "b0.0", copy(seq))
+            forwarder.forward(b0, "b0.1", copy(seq))
+    assert events == [f"deliver {seq}" for seq in range(1, 501)]
+    assert forwarder.stats.copy_blamed == {("b0.2", ALTERED): 500}
+    logged = [r.getMessage() for r in caplog.records if "from b0.2" in r.getMessage()]
+    assert len(logged) == LOGGED_BLAMES
+    assert logged[-1].endswith(f"({LOGGED_BLAMES} blamed on b0.2 so far)")
+
+
+def test_the_sdk_counts_every_altered_copy_and_logs_a_hundred(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = Client(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"])
+    with caplog.at_level(logging.WARNING, logger="trellis.client"):
+        client._blame_copies([Blame(2, seq, ALTERED) for seq in range(1, 20_001)])
+    assert client.copy_blames == {"replica #2": 20_000}
+    logged = [r.getMessage() for r in caplog.records if "replica #2" in r.getMessage()]
+    assert len(logged) == LOGGED_BLAMES + 2  # and the 10,000th and the 20,000th
