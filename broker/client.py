@@ -911,6 +911,8 @@ class Client:
         self._passes = PassKeys()
         # What record-form shares each relay has this client hold (bounded per relay).
         self._records = RecordAllowance()
+        # Epochs whose shares proved each culprit bad (for the log's rate only).
+        self._share_blames: dict[str, int] = {}
         if share_form not in ("record", "pass"):
             raise InvalidRequest(f"share_form must be 'record' or 'pass', got {share_form!r}")
         self.share_form = share_form
@@ -1963,7 +1965,9 @@ class Client:
         if current is not None and current.seq == seq:
             assembly = assemblies[key] = current
         else:
-            assembly = assemblies[key] = KeyAssembly(publisher, seq)
+            assembly = assemblies[key] = KeyAssembly(
+                publisher, seq, on_culprits=self._share_culprits_found
+            )
         self._bound_assemblies()
         return assembly
 
@@ -2036,6 +2040,29 @@ class Client:
         """Nothing keeps ``assembly`` any more: what its shares held (either form) goes."""
         self._passes.forget(assembly.publisher, assembly.seq)
         self._records.release(assembly)
+
+    def _share_culprits_found(
+        self, assembly: KeyAssembly, culprits: frozenset[str], when: str
+    ) -> None:
+        """Bad shares of one epoch newly proven on ``culprits``: counted per culprit (in
+        epochs), logged while one of them is worth it (:func:`worth_logging`): a Byzantine
+        replica's bad shares come every epoch. :meth:`share_culprits` names them all."""
+        counts = self._share_blames
+        if len(counts) > _KEY_MEMORY:
+            counts.clear()
+        logged = False
+        for culprit in culprits:
+            blamed = counts[culprit] = counts.get(culprit, 0) + 1
+            logged = worth_logging(blamed) or logged
+        if logged:
+            log.warning(
+                "publication %s/%d: bad shares from %s%s (epochs blamed so far: %s)",
+                assembly.publisher,
+                assembly.seq,
+                ", ".join(sorted(culprits)),
+                when,
+                ", ".join(f"{c} {counts[c]}" for c in sorted(culprits)),
+            )
 
     def _blame_copies(self, blames: list[Blame[int]]) -> None:
         for blame in blames:
@@ -2202,14 +2229,7 @@ class Client:
                     )
                 except PropagationError:
                     continue
-                if result.culprits - assembly.culprits:
-                    assembly.culprits = assembly.culprits | result.culprits
-                    log.warning(
-                        "publication %s/%d: bad shares from %s (seen after its key)",
-                        publisher,
-                        seq,
-                        ", ".join(sorted(result.culprits)),
-                    )
+                assembly.report(result.culprits, " (seen after its key)")
         self._late_audits = {m: n for m, n in self._late_audits.items() if m[:2] in assemblies}
         return {c for assembly in assemblies.values() for c in assembly.culprits}
 

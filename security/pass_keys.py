@@ -193,7 +193,7 @@ class PassKeys:
             found = self._reconstruct(members, view, audit=distrust, complete=complete)
             for (keys, state, claim), result in zip(members, found, strict=True):
                 if distrust:
-                    self._blame(keys, result.culprits)
+                    keys.report(result.culprits)
                 if keys.key is None and result.key is not None:
                     keys.key, keys.tentative = result.key, not distrust
                     if complete and (audit or distrust):
@@ -286,7 +286,7 @@ class PassKeys:
             quick.blame or quick.key != keys.key or _draw.randrange(AUDIT_ONE_IN) == 0
         ):
             full = self.assembly.reconstruct(pub_id, view, seals=self.seals, complete=True)
-            self._blame(keys, full.culprits)
+            keys.report(full.culprits)
             if full.key is not None and keys.tentative:
                 keys.key, keys.tentative = full.key, False
         self.assembly.forget(pub_id)
@@ -304,15 +304,4 @@ class PassKeys:
         state.audited_at = count
         for view in state.paths.values():
             full = self.assembly.reconstruct(pub_id, view, seals=self.seals)
-            self._blame(keys, full.culprits)
-
-    @staticmethod
-    def _blame(keys: KeyAssembly, culprits: frozenset[str]) -> None:
-        if culprits - keys.culprits:
-            keys.culprits = keys.culprits | culprits
-            log.warning(
-                "publication %s/%d: bad shares from %s",
-                keys.publisher,
-                keys.seq,
-                ", ".join(sorted(culprits)),
-            )
+            keys.report(full.culprits)

@@ -246,6 +246,27 @@ class KeyAssembly:
     # record-form shares held, and the bytes charged to each relay (RecordAllowance)
     _held: set[tuple[str, ShareRecord]] = field(default_factory=set)
     charges: dict[str, int] = field(default_factory=dict)
+    # told of new culprits as they are proven (a client keeps its log to a culprit's first
+    # blames); None: each is logged here
+    on_culprits: Callable[[KeyAssembly, frozenset[str], str], None] | None = None
+
+    def report(self, culprits: frozenset[str], when: str = "") -> None:
+        """Add ``culprits``, brokers a bad share proves at fault; the new ones are told
+        (``when``: a note for the log, e.g. that the key was known first)."""
+        new = culprits - self.culprits
+        if not new:
+            return
+        self.culprits = self.culprits | new
+        if self.on_culprits is not None:
+            self.on_culprits(self, new, when)
+        else:
+            log.warning(
+                "publication %s/%d: bad shares from %s%s",
+                self.publisher,
+                self.seq,
+                ", ".join(sorted(new)),
+                when,
+            )
 
     def add(self, sender: str, record: ShareRecord) -> bool:
         """Hold ``record`` as ``sender`` relayed it; False if it already was (a resumed
@@ -382,14 +403,7 @@ class KeyAssembly:
             return
         path.audited = complete
         path.clean = None
-        if result.culprits - self.culprits:
-            self.culprits = self.culprits | result.culprits
-            log.warning(
-                "publication %s/%d: bad shares from %s",
-                self.publisher,
-                self.seq,
-                ", ".join(sorted(result.culprits)),
-            )
+        self.report(result.culprits)
         if result.key is not None and (self.key is None or self.tentative):
             self.key = result.key
             self.tentative = False

@@ -1,5 +1,5 @@
-"""Copies blamed on a replica are all counted, and logged without flooding the log
-(:func:`security.agreement.worth_logging`), in a broker and in the SDK, in memory."""
+"""Copies and key shares blamed on a replica are all counted, and logged without flooding
+the log (:func:`security.agreement.worth_logging`), in a broker and in the SDK, in memory."""
 
 from __future__ import annotations
 
@@ -43,3 +43,22 @@ def test_the_sdk_counts_every_altered_copy_and_logs_a_hundred(
     assert client.copy_blames == {"replica #2": 20_000}
     logged = [r.getMessage() for r in caplog.records if "replica #2" in r.getMessage()]
     assert len(logged) == LOGGED_BLAMES + 2  # and the 10,000th and the 20,000th
+
+
+def test_the_sdk_names_a_replica_whose_shares_are_bad_every_epoch_and_logs_a_hundred(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An equivocating replica's shares are bad in every epoch: the subscriber logged a line
+    per publication (until 2026-12-02); now a culprit's first ``LOGGED_BLAMES`` epochs, and
+    :meth:`Client.share_culprits` names it whatever was logged."""
+    client = Client(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"])
+    with caplog.at_level(logging.WARNING, logger="trellis.client"):
+        for seq in range(1, 501):
+            assembly = client._assembly("pub", seq)
+            assembly.report(frozenset({"b1.0"}))
+            assembly.report(frozenset({"b1.0"}))  # the audit finds it again: counted once
+    assert client._share_blames == {"b1.0": 500}
+    assert client.share_culprits() == {"b1.0"}
+    logged = [r.getMessage() for r in caplog.records if "bad shares from b1.0" in r.getMessage()]
+    assert len(logged) == LOGGED_BLAMES
+    assert logged[-1].endswith(f"(epochs blamed so far: b1.0 {LOGGED_BLAMES})")
