@@ -911,8 +911,10 @@ class Client:
         self._passes = PassKeys()
         # What record-form shares each relay has this client hold (bounded per relay).
         self._records = RecordAllowance()
-        # Epochs whose shares proved each culprit bad (for the log's rate only).
+        # Epochs whose shares proved each culprit bad, and warnings about what each broker
+        # or endpoint sent (for the log's rate only: _warn).
         self._share_blames: dict[str, int] = {}
+        self._warned: dict[str, int] = {}
         if share_form not in ("record", "pass"):
             raise InvalidRequest(f"share_form must be 'record' or 'pass', got {share_form!r}")
         self.share_form = share_form
@@ -1762,7 +1764,12 @@ class Client:
         try:
             version, members, manifest = _parse_membership(data, self.vn)
         except (TypeError, ValueError, KeyError) as exc:
-            log.warning("invalid membership announcement from endpoint %d: %s", index, exc)
+            self._warn(
+                f"endpoint {index}",
+                "invalid membership announcement from endpoint %d: %s",
+                index,
+                exc,
+            )
             return
         if version <= self.membership_version:
             # Already followed (a replica that adopted the version after this client
@@ -2041,6 +2048,14 @@ class Client:
         self._passes.forget(assembly.publisher, assembly.seq)
         self._records.release(assembly)
 
+    def _warn(self, source: str, message: str, *args: object) -> None:
+        """Log something ``source`` (a broker, an endpoint) sent wrong: its first
+        ``LOGGED_BLAMES`` such warnings, then every ``LOGGED_EVERY``-th
+        (:func:`worth_logging`): a Byzantine replica's frames must not flood the log."""
+        count = self._warned[source] = self._warned.get(source, 0) + 1
+        if worth_logging(count):
+            log.warning(f"{message} (%d such from %s)", *args, count, source)
+
     def _share_culprits_found(
         self, assembly: KeyAssembly, culprits: frozenset[str], when: str
     ) -> None:
@@ -2082,7 +2097,9 @@ class Client:
         """A SHARES frame: the key shares one replica relayed in one pass."""
         for publisher, seq, record in link.certs.unpack(msg.base, msg.certs, msg.entries):
             if isinstance(record, PropagationError):
-                log.warning("malformed key share from broker %s: %s", link.broker_id, record)
+                self._warn(
+                    link.broker_id, "malformed key share from broker %s: %s", link.broker_id, record
+                )
                 continue
             self._take_record(link, publisher, seq, record)
 
@@ -2106,7 +2123,9 @@ class Client:
         try:
             record = unpack_record(msg.record)
         except PropagationError as exc:
-            log.warning("malformed key share from broker %s: %s", link.broker_id, exc)
+            self._warn(
+                link.broker_id, "malformed key share from broker %s: %s", link.broker_id, exc
+            )
             return
         self._take_record(link, msg.publisher, msg.seq, record)
 
@@ -2275,7 +2294,9 @@ class Client:
                 elif rid == 0:
                     # A refused request without an ACK (PUBLISH with ack=False) leaves the
                     # connection open; a protocol error closes it, and is then the reason.
-                    log.warning("broker %s refused: %s: %s", link.broker_id, code, message)
+                    self._warn(
+                        link.broker_id, "broker %s refused: %s: %s", link.broker_id, code, message
+                    )
                     link.fatal = exc
             case Welcome():
                 # Named at once: a resumed session's frames can follow in the same read,

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from security.agreement import worth_logging
 from security.pass_shares import (
     Assembly,
     Entry,
@@ -109,6 +110,7 @@ class PassKeys:
         self.assembly = Assembly()
         self.seals = SealChecks()
         self._epochs: OrderedDict[Key, _Epoch] = OrderedDict()
+        self.malformed: dict[str, int] = {}  # malformed statements per relay
 
     def add(
         self,
@@ -127,7 +129,14 @@ class PassKeys:
             try:
                 assembly.add_statement(parse_statement(raw, signature, ref), sender)
             except PropagationError as exc:
-                log.warning("malformed pass statement from broker %s: %s", sender, exc)
+                count = self.malformed[sender] = self.malformed.get(sender, 0) + 1
+                if worth_logging(count):  # (a relay's junk must not flood the log)
+                    log.warning(
+                        "malformed pass statement from broker %s: %s (%d so far)",
+                        sender,
+                        exc,
+                        count,
+                    )
         known = assembly.statements
         touched: set[Key] = set()
         for ref, positions, blob in batches:

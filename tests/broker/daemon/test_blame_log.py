@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
-from broker.client import Client
+from broker.client import Client, _Link
 from broker.daemon import forwarding
-from broker.wire.protocol import Forward
+from broker.wire.protocol import Forward, Share
 from security.agreement import ALTERED, LOGGED_BLAMES, Blame
 from tests.broker.daemon.test_held_removals import copy, forwarder_with_subscriber
 
@@ -62,3 +62,20 @@ def test_the_sdk_names_a_replica_whose_shares_are_bad_every_epoch_and_logs_a_hun
     logged = [r.getMessage() for r in caplog.records if "bad shares from b1.0" in r.getMessage()]
     assert len(logged) == LOGGED_BLAMES
     assert logged[-1].endswith(f"(epochs blamed so far: b1.0 {LOGGED_BLAMES})")
+
+
+async def test_the_sdk_logs_a_hundred_of_a_brokers_malformed_shares_and_counts_them_all(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A broker sending junk where key shares belong put a line per frame in the client's
+    log (until 2026-12-02); now its first ``LOGGED_BLAMES`` and every 10,000th."""
+    client = Client(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"])
+    link = _Link(client, 0)
+    link.broker_id = "b0.0"
+    with caplog.at_level(logging.WARNING, logger="trellis.client"):
+        for _ in range(500):
+            client._share_arrived(link, Share("pub", 1, b"junk"))
+    logged = [r.getMessage() for r in caplog.records if "malformed key share" in r.getMessage()]
+    assert len(logged) == LOGGED_BLAMES
+    assert logged[-1].endswith(f"({LOGGED_BLAMES} such from b0.0)")
+    assert client._warned == {"b0.0": 500}
