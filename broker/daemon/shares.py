@@ -338,14 +338,28 @@ class SecureForwarding:
             record = unpack_record(raw) if isinstance(raw, bytes) else raw
         except PropagationError as exc:
             stats.bad_shares += 1
-            log.warning("malformed share of %s/%d from %s: %s", publisher, epoch, sender, exc)
+            if worth_logging(warned := stats.warned(sender or publisher)):
+                log.warning(
+                    "malformed share of %s/%d from %s: %s (%d such warnings)",
+                    publisher,
+                    epoch,
+                    sender,
+                    exc,
+                    warned,
+                )
             self.log_share(publisher, epoch, sender, sender, f"malformed: {exc}")
             return
         if record.pub_id != publication_id(publisher, epoch):
             stats.bad_shares += 1
-            log.warning(
-                "share for %r arrived as %s/%d from %s", record.pub_id, publisher, epoch, sender
-            )
+            if worth_logging(warned := stats.warned(sender or publisher)):
+                log.warning(
+                    "share for %r arrived as %s/%d from %s (%d such warnings)",
+                    record.pub_id,
+                    publisher,
+                    epoch,
+                    sender,
+                    warned,
+                )
             self.log_share(publisher, epoch, sender, sender, "belongs to another publication")
             return
         key = (publisher, epoch)

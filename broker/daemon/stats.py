@@ -24,6 +24,9 @@ MATCH_BUCKETS: tuple[float, ...] = (
     1e-2,
 )
 
+WARNED_SOURCES = 4096
+"""Sources whose warnings :meth:`BrokerStats.warned` counts at once (past it, afresh)."""
+
 
 @dataclass(slots=True)
 class BrokerStats:
@@ -55,6 +58,7 @@ class BrokerStats:
     # (culprit, fault) -> copies of publications blamed on an upstream replica
     copy_blamed: dict[tuple[str, str], int] = field(default_factory=dict)
     copies_blamed: dict[str, int] = field(default_factory=dict)  # per culprit, any fault
+    warnings_by_source: dict[str, int] = field(default_factory=dict)  # (warned)
     forwarded: dict[str, int] = field(default_factory=dict)
     messages_in: dict[str, int] = field(default_factory=dict)
     match_buckets: list[int] = field(default_factory=lambda: [0] * (len(MATCH_BUCKETS) + 1))
@@ -73,6 +77,15 @@ class BrokerStats:
         self.match_buckets[bisect_left(MATCH_BUCKETS, seconds)] += 1
         self.match_sum += seconds
         self.match_count += 1
+
+    def warned(self, source: str) -> int:
+        """Count a warning about what ``source`` (a neighbour, a client) sent; how many so
+        far (the log takes a source's first ones only: ``worth_logging``)."""
+        counts = self.warnings_by_source
+        if source not in counts and len(counts) >= WARNED_SOURCES:
+            counts.clear()
+        count = counts[source] = counts.get(source, 0) + 1
+        return count
 
     def blame_copy(self, culprit: str, fault: str) -> int:
         """Count a publication copy blamed on ``culprit`` (altered, silent, ...); the

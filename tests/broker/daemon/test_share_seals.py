@@ -296,3 +296,16 @@ async def test_a_sender_of_endless_bad_shares_for_one_epoch_leaves_no_blames_beh
     logged = [r for r in caplog.records if "rejected: a.1" in r.getMessage()]
     assert len(logged) == LOGGED_BLAMES
     assert "(100 blamed on a.1 so far)" in logged[-1].getMessage()
+
+
+async def test_a_sender_of_endless_malformed_shares_is_counted_each_time_and_logged_a_hundred(
+    edge: Edge, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Junk where a share belongs is counted and in the traffic log each time; the broker's
+    log got a line for each (until 2026-12-02), now the sender's first ``LOGGED_BLAMES``."""
+    with caplog.at_level(logging.WARNING, logger=shares_module.log.name):
+        for _ in range(500):
+            edge.forwarding.share_arrived("pub", 1, b"junk", "a.1")
+    assert edge.forwarding.stats.bad_shares == 500
+    logged = [r for r in caplog.records if "malformed share of pub/1 from a.1" in r.getMessage()]
+    assert len(logged) == LOGGED_BLAMES
