@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from broker.client import Client, Delivery, Subscription
@@ -141,6 +142,16 @@ async def exact_exchange(
     return Exchange(sent, received, dict(sub_client.copy_blames))
 
 
+async def all_closed(writers: Iterable[asyncio.StreamWriter], timeout: float = 5.0) -> None:
+    """Wait until ``writers`` (closed) have closed their sockets: a transport closes its
+    socket one loop iteration after ``close()``, so a test that ended first left it to the
+    garbage collector, whose ResourceWarning then failed whichever test was running (CI,
+    2026-12-02: ``test_many_small_publishers_are_all_delivered``)."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await asyncio.gather(*(w.wait_closed() for w in writers), return_exceptions=True)
+
+
 class GatedProxy:
     """A loopback TCP proxy whose broker-to-client direction is held at a gate: chunks
     pass only as the test lets them (``release(n)``, ``open()``)."""
@@ -204,6 +215,7 @@ class GatedProxy:
             task.cancel()
         for writer in self.writers:
             writer.close()
+        await all_closed(self.writers)
         if self.server is not None:
             self.server.close()
             await self.server.wait_closed()

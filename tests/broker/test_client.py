@@ -38,7 +38,7 @@ from broker.wire.protocol import (
     encode_deliver,
 )
 from overlay.tree import broker_names, line_tree
-from tests.support import GatedProxy, until
+from tests.support import GatedProxy, all_closed, until
 from tests.wire import RawPeer
 
 
@@ -63,12 +63,21 @@ async def fake_broker(
     handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
 ) -> AsyncIterator[str]:
     """A stand-in broker on a free loopback port running ``handler`` per connection; its
-    endpoint, for a client to connect to."""
-    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    endpoint, for a client to connect to. Every connection it took is closed at the end."""
+    writers: list[asyncio.StreamWriter] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        await handler(reader, writer)
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
     try:
         yield f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
     finally:
         server.close()
+        for writer in writers:
+            writer.close()
+        await all_closed(writers)
         await server.wait_closed()
 
 
