@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 from weakref import WeakKeyDictionary
 
+from security.agreement import CopyBudget
 from security.envelope import (
     AttributeValue,
     EnvelopeError,
@@ -466,45 +467,47 @@ class RecordAllowance:
     an epoch's charges once the client lets it go."""
 
     def __init__(self, budget: int = RECORD_BUDGET) -> None:
-        self.budget = budget
-        self._charged: dict[str, int] = {}
+        self._budget: CopyBudget[str, ShareRecord] = CopyBudget(budget, record_cost)
         self.refused: dict[str, int] = {}
+
+    @property
+    def budget(self) -> int:
+        return self._budget.limit
+
+    @budget.setter
+    def budget(self, limit: int) -> None:
+        self._budget.limit = limit
 
     def take(self, assembly: KeyAssembly, relay: str, record: ShareRecord) -> bool:
         """Hold ``record`` in ``assembly`` if ``relay`` has room; True if it was taken
         (False: refused, or held already)."""
         cost = record_cost(record)
-        charged = self._charged.get(relay, 0)
-        if charged + cost > self.budget:
+        if not self._budget.take(relay, cost):
             refused = self.refused[relay] = self.refused.get(relay, 0) + 1
             if refused == 1:
                 log.warning(
                     "relay %s has key shares of %d bytes held here (at most %d): its "
                     "further record-form shares are refused",
                     relay,
-                    charged,
+                    self.charged(relay),
                     self.budget,
                 )
             return False
         if not assembly.add(relay, record):
+            self._budget.give_back(relay, cost)
             return False
-        self._charged[relay] = charged + cost
         assembly.charges[relay] = assembly.charges.get(relay, 0) + cost
         return True
 
     def release(self, assembly: KeyAssembly) -> None:
         """``assembly``'s epoch is let go: what it held no longer counts."""
         for relay, cost in assembly.charges.items():
-            left = self._charged.get(relay, 0) - cost
-            if left > 0:
-                self._charged[relay] = left
-            else:
-                self._charged.pop(relay, None)
+            self._budget.give_back(relay, cost)
         assembly.charges.clear()
 
     def charged(self, relay: str) -> int:
         """Bytes of ``relay``'s shares held now."""
-        return self._charged.get(relay, 0)
+        return self._budget.charged.get(relay, 0)
 
 
 def _enough(shares: list[tuple[str, ShareRecord]], view: PathView) -> bool:
