@@ -99,6 +99,7 @@ from security.agreement import (
     COPY_OVERHEAD,
     Blame,
     CopyBudget,
+    LogRate,
     MarkRequests,
     ReplicatedStream,
     forget_idle_streams,
@@ -913,8 +914,8 @@ class Client:
         self._records = RecordAllowance()
         # Epochs whose shares proved each culprit bad, and warnings about what each broker
         # or endpoint sent (for the log's rate only: _warn).
-        self._share_blames: dict[str, int] = {}
-        self._warned: dict[str, int] = {}
+        self._share_blames = LogRate(_KEY_MEMORY)
+        self._warned = LogRate()
         if share_form not in ("record", "pass"):
             raise InvalidRequest(f"share_form must be 'record' or 'pass', got {share_form!r}")
         self.share_form = share_form
@@ -2052,8 +2053,7 @@ class Client:
         """Log something ``source`` (a broker, an endpoint) sent wrong: its first
         ``LOGGED_BLAMES`` such warnings, then every ``LOGGED_EVERY``-th
         (:func:`worth_logging`): a Byzantine replica's frames must not flood the log."""
-        count = self._warned[source] = self._warned.get(source, 0) + 1
-        if worth_logging(count):
+        if count := self._warned.note(source):
             log.warning(f"{message} (%d such from %s)", *args, count, source)
 
     def _share_culprits_found(
@@ -2062,21 +2062,16 @@ class Client:
         """Bad shares of one epoch newly proven on ``culprits``: counted per culprit (in
         epochs), logged while one of them is worth it (:func:`worth_logging`): a Byzantine
         replica's bad shares come every epoch. :meth:`share_culprits` names them all."""
-        counts = self._share_blames
-        if len(counts) > _KEY_MEMORY:
-            counts.clear()
-        logged = False
-        for culprit in culprits:
-            blamed = counts[culprit] = counts.get(culprit, 0) + 1
-            logged = worth_logging(blamed) or logged
-        if logged:
+        rate = self._share_blames
+        noted = [rate.note(culprit) for culprit in culprits]  # every culprit counted
+        if any(noted):
             log.warning(
                 "publication %s/%d: bad shares from %s%s (epochs blamed so far: %s)",
                 assembly.publisher,
                 assembly.seq,
                 ", ".join(sorted(culprits)),
                 when,
-                ", ".join(f"{c} {counts[c]}" for c in sorted(culprits)),
+                ", ".join(f"{c} {rate.counts[c]}" for c in sorted(culprits)),
             )
 
     def _blame_copies(self, blames: list[Blame[int]]) -> None:

@@ -86,6 +86,23 @@ def worth_logging(blamed: int) -> bool:
     return blamed <= LOGGED_BLAMES or blamed % LOGGED_EVERY == 0
 
 
+class LogRate:
+    """Warnings counted per source (a broker, a relay, an endpoint), for the log's rate only
+    (:func:`worth_logging`); past ``sources`` sources the counts start afresh."""
+
+    def __init__(self, sources: int = 4096) -> None:
+        self.sources = sources
+        self.counts: dict[str, int] = {}
+
+    def note(self, source: str) -> int:
+        """Count one warning about ``source``; its count if the log should have it, else 0."""
+        counts = self.counts
+        if source not in counts and len(counts) >= self.sources:
+            counts.clear()
+        count = counts[source] = counts.get(source, 0) + 1
+        return count if worth_logging(count) else 0
+
+
 ALTERED = "altered"
 TWO_VERSIONS = "two_versions"
 FLOODING = "flooding"

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from security.agreement import worth_logging
+from security.agreement import LogRate
 from security.pass_shares import (
     Assembly,
     Entry,
@@ -110,7 +110,7 @@ class PassKeys:
         self.assembly = Assembly()
         self.seals = SealChecks()
         self._epochs: OrderedDict[Key, _Epoch] = OrderedDict()
-        self.malformed: dict[str, int] = {}  # malformed statements per relay
+        self.malformed = LogRate()  # malformed statements per relay
 
     def add(
         self,
@@ -129,8 +129,7 @@ class PassKeys:
             try:
                 assembly.add_statement(parse_statement(raw, signature, ref), sender)
             except PropagationError as exc:
-                count = self.malformed[sender] = self.malformed.get(sender, 0) + 1
-                if worth_logging(count):  # (a relay's junk must not flood the log)
+                if count := self.malformed.note(sender):  # (junk must not flood the log)
                     log.warning(
                         "malformed pass statement from broker %s: %s (%d so far)",
                         sender,

@@ -108,7 +108,7 @@ from broker.wire.protocol import (
 )
 from broker.wire.resend import RecentFrames
 from reconfig.live import Reply, RoundStats, vouch_quorum
-from security.agreement import MarkRequests, worth_logging
+from security.agreement import MarkRequests
 from security.errors import InvalidRequest, NotAuthorized, ProtocolError, TrellisError
 from security.tls import describe_tls_error
 from security.topics_credentials import Credentials
@@ -741,7 +741,7 @@ class Connection(asyncio.Protocol):
             case Pong():
                 pass
             case Error(_, code, message):
-                if worth_logging(warned := self.broker.stats.warned(self.peer_id)):
+                if warned := self.broker.stats.warnings.note(self.peer_id):
                     link_log.warning(
                         "broker %s reports %s: %s (%d such warnings)",
                         self.peer_id,

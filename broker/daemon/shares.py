@@ -338,7 +338,7 @@ class SecureForwarding:
             record = unpack_record(raw) if isinstance(raw, bytes) else raw
         except PropagationError as exc:
             stats.bad_shares += 1
-            if worth_logging(warned := stats.warned(sender or publisher)):
+            if warned := stats.warnings.note(sender or publisher):
                 log.warning(
                     "malformed share of %s/%d from %s: %s (%d such warnings)",
                     publisher,
@@ -351,7 +351,7 @@ class SecureForwarding:
             return
         if record.pub_id != publication_id(publisher, epoch):
             stats.bad_shares += 1
-            if worth_logging(warned := stats.warned(sender or publisher)):
+            if warned := stats.warnings.note(sender or publisher):
                 log.warning(
                     "share for %r arrived as %s/%d from %s (%d such warnings)",
                     record.pub_id,

@@ -9,6 +9,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
+from security.agreement import LogRate
+
 MATCH_BUCKETS: tuple[float, ...] = (
     1e-6,
     2.5e-6,
@@ -23,9 +25,6 @@ MATCH_BUCKETS: tuple[float, ...] = (
     2.5e-3,
     1e-2,
 )
-
-WARNED_SOURCES = 4096
-"""Sources whose warnings :meth:`BrokerStats.warned` counts at once (past it, afresh)."""
 
 
 @dataclass(slots=True)
@@ -57,8 +56,8 @@ class BrokerStats:
     blamed: dict[str, int] = field(default_factory=dict)
     # (culprit, fault) -> copies of publications blamed on an upstream replica
     copy_blamed: dict[tuple[str, str], int] = field(default_factory=dict)
-    copies_blamed: dict[str, int] = field(default_factory=dict)  # per culprit, any fault
-    warnings_by_source: dict[str, int] = field(default_factory=dict)  # (warned)
+    # warnings about what each neighbour or client sent (for the log's rate only)
+    warnings: LogRate = field(default_factory=LogRate)
     forwarded: dict[str, int] = field(default_factory=dict)
     messages_in: dict[str, int] = field(default_factory=dict)
     match_buckets: list[int] = field(default_factory=lambda: [0] * (len(MATCH_BUCKETS) + 1))
@@ -78,19 +77,9 @@ class BrokerStats:
         self.match_sum += seconds
         self.match_count += 1
 
-    def warned(self, source: str) -> int:
-        """Count a warning about what ``source`` (a neighbour, a client) sent; how many so
-        far (the log takes a source's first ones only: ``worth_logging``)."""
-        counts = self.warnings_by_source
-        if source not in counts and len(counts) >= WARNED_SOURCES:
-            counts.clear()
-        count = counts[source] = counts.get(source, 0) + 1
-        return count
-
     def blame_copy(self, culprit: str, fault: str) -> int:
-        """Count a publication copy blamed on ``culprit`` (altered, silent, ...); the
-        copies blamed on it so far, any fault."""
+        """Count a publication copy blamed on ``culprit`` (altered, silent, ...); the copies
+        blamed on it for that fault so far."""
         key = (culprit, fault)
-        self.copy_blamed[key] = self.copy_blamed.get(key, 0) + 1
-        total = self.copies_blamed[culprit] = self.copies_blamed.get(culprit, 0) + 1
-        return total
+        count = self.copy_blamed[key] = self.copy_blamed.get(key, 0) + 1
+        return count

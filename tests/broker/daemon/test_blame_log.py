@@ -57,7 +57,7 @@ def test_the_sdk_names_a_replica_whose_shares_are_bad_every_epoch_and_logs_a_hun
             assembly = client._assembly("pub", seq)
             assembly.report(frozenset({"b1.0"}))
             assembly.report(frozenset({"b1.0"}))  # the audit finds it again: counted once
-    assert client._share_blames == {"b1.0": 500}
+    assert client._share_blames.counts == {"b1.0": 500}
     assert client.share_culprits() == {"b1.0"}
     logged = [r.getMessage() for r in caplog.records if "bad shares from b1.0" in r.getMessage()]
     assert len(logged) == LOGGED_BLAMES
@@ -78,4 +78,4 @@ async def test_the_sdk_logs_a_hundred_of_a_brokers_malformed_shares_and_counts_t
     logged = [r.getMessage() for r in caplog.records if "malformed key share" in r.getMessage()]
     assert len(logged) == LOGGED_BLAMES
     assert logged[-1].endswith(f"({LOGGED_BLAMES} such from b0.0)")
-    assert client._warned == {"b0.0": 500}
+    assert client._warned.counts == {"b0.0": 500}
