@@ -337,30 +337,12 @@ class SecureForwarding:
                 raise raw
             record = unpack_record(raw) if isinstance(raw, bytes) else raw
         except PropagationError as exc:
-            stats.bad_shares += 1
-            if warned := stats.warnings.note(sender or publisher):
-                log.warning(
-                    "malformed share of %s/%d from %s: %s (%d such warnings)",
-                    publisher,
-                    epoch,
-                    sender,
-                    exc,
-                    warned,
-                )
-            self.log_share(publisher, epoch, sender, sender, f"malformed: {exc}")
+            self._not_a_share(publisher, epoch, sender, "malformed", f"malformed: {exc}")
             return
         if record.pub_id != publication_id(publisher, epoch):
-            stats.bad_shares += 1
-            if warned := stats.warnings.note(sender or publisher):
-                log.warning(
-                    "share for %r arrived as %s/%d from %s (%d such warnings)",
-                    record.pub_id,
-                    publisher,
-                    epoch,
-                    sender,
-                    warned,
-                )
-            self.log_share(publisher, epoch, sender, sender, "belongs to another publication")
+            self._not_a_share(
+                publisher, epoch, sender, "misaddressed", "belongs to another publication"
+            )
             return
         key = (publisher, epoch)
         if sender is None:
@@ -428,6 +410,25 @@ class SecureForwarding:
                 self._accept(key, opened[path], record, sender)
             else:
                 self.unverified.add(key, (record, sender, path))  # (fits: charged until popped)
+
+    def _not_a_share(
+        self, publisher: str, epoch: int, sender: str | None, kind: str, verdict: str
+    ) -> None:
+        """What came as a share of ``publisher``/``epoch`` is none (``kind``: malformed, or
+        another publication's): counted, ``verdict`` in the traffic log, and logged at a
+        rate (:class:`~security.agreement.LogRate`): a sender's junk must not flood it."""
+        self.stats.bad_shares += 1
+        if warned := self.stats.warnings.note(sender or publisher):
+            log.warning(
+                "%s share of %s/%d from %s (%s; %d such warnings)",
+                kind,
+                publisher,
+                epoch,
+                sender,
+                verdict,
+                warned,
+            )
+        self.log_share(publisher, epoch, sender, sender, verdict)
 
     def blame(self, key: tuple[str, int], broker: str, detail: str, sender: str | None) -> None:
         """Count and log blame; ``sender`` None: blame for what was not sent (silence)."""
